@@ -1,0 +1,49 @@
+"""The trainer as users launch it, at world size 1 (later issues add the parallel layouts)."""
+
+import pytest
+
+from launch_helpers import DEBUG_RECIPE, read_metrics, run_titan
+
+METRIC_KEYS = {"step", "loss", "grad_norm", "lr", "tps", "mfu", "memory"}
+
+
+def test_torchrun_module_writes_step_lines_and_metrics(tmp_path, tiny_args):
+    proc = run_titan([*tiny_args, "--training.steps", "4"], nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step_lines = [line for line in proc.stdout.splitlines() if "loss" in line and "step" in line]
+    assert len(step_lines) == 4, proc.stdout
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(METRIC_KEYS <= r.keys() for r in records)
+
+
+def test_console_entry_point_appends_to_existing_metrics(tmp_path, tiny_args):
+    first = run_titan([*tiny_args, "--training.steps", "2"], nproc=None)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_titan([*tiny_args, "--training.steps", "1"], nproc=None)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 1]
+
+
+def test_bad_config_fails_fast_and_writes_nothing(tmp_path):
+    proc = run_titan(
+        ["--config", str(DEBUG_RECIPE), "--job.dump_folder", str(tmp_path / "run"), "--training.local_batch_sise", "4"],
+        nproc=1,
+    )
+    assert proc.returncode != 0
+    assert "did you mean 'training.local_batch_size'" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_unsupported_layout_fails_with_its_message(tmp_path, tiny_args):
+    proc = run_titan([*tiny_args, "--parallelism.tensor_parallel_degree", "3"], nproc=1)
+    assert proc.returncode != 0
+    assert "parallelism: world size 1 is not divisible by dp_replicate=1 x cp=1 x tp=3" in proc.stderr
+
+
+@pytest.mark.slow
+def test_debug_recipe_trains_as_the_readme_says(tmp_path):
+    proc = run_titan(["--config", str(DEBUG_RECIPE), "--job.dump_folder", str(tmp_path / "run")], nproc=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    assert losses[-1] < 0.8 * losses[0], losses

@@ -1,0 +1,148 @@
+"""One readable console line and one JSON line per logged step.
+
+Console (through the ``logging`` logger "titan", at INFO, on the ranks in ``log_ranks``):
+
+  step   12/50  [##........] 24%  loss 5.1234  grad_norm 1.234  lr 3.0e-04  tps 12,345  mfu 12.3%  mem 1.23GiB
+
+JSONL (``<dump_folder>/metrics.jsonl``, rank 0 only for now), one object per logged step:
+
+    {"step": 12, "time": 1.7e9, "loss": 5.1234, "grad_norm": 1.234, "lr": 0.0003, "tps": 12345.0,
+     "mfu": 0.123, "memory": 1.23, ...extra keys...}
+
+``step``, ``time``, ``loss``, ``grad_norm``, ``lr``, ``tps``, ``mfu`` and ``memory`` are always present:
+floats (``step`` an int, ``time`` Unix seconds), ``null`` when the caller did not give them or they are
+not finite (strict JSON has no NaN). ``mfu`` is a fraction, ``memory`` peak GiB, ``tps`` tokens/s per
+device. Extra keys (``tflops``, ``data_time_frac``, ``tps_total``, ...) are written as given.
+
+The file is opened for appending, never truncated: a resumed run continues the same file, so a reader
+should expect a step to appear more than once after a restart and keep the last occurrence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("titan")
+
+SCHEMA_KEYS = ("loss", "grad_norm", "lr", "tps", "mfu", "memory")
+
+_BAR_WIDTH = 10
+
+
+class MetricsLogger:
+    """Logs one record per step to the console (``log_ranks``) and to ``metrics.jsonl`` (rank 0).
+
+    ``dump_folder=None`` disables the file. ``total_steps`` (if known) adds ``/total``, a progress bar and
+    a percentage to the console line. Other ranks may call ``log`` too; it does nothing for them.
+    """
+
+    def __init__(
+        self,
+        dump_folder: str | Path | None,
+        rank: int,
+        log_ranks: Sequence[int] = (0,),
+        total_steps: int | None = None,
+        jsonl_name: str = "metrics.jsonl",
+    ) -> None:
+        self.rank = rank
+        self.total_steps = total_steps
+        self._prints = rank in set(log_ranks)
+        # Only rank 0 writes: per-rank files (e.g. metrics_rank{r}.jsonl) may come later.
+        self.path = Path(dump_folder) / jsonl_name if dump_folder is not None and rank == 0 else None
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+            # A run killed mid-write leaves a partial last line; start ours on a fresh one.
+            if self._file.tell() > 0 and not _ends_with_newline(self.path):
+                self._file.write("\n")
+
+    def log(self, step: int, record: Mapping[str, Any]) -> None:
+        """Print the step's line (on logging ranks) and append it to the JSONL file (on rank 0)."""
+        if not self._prints and self._file is None:
+            return
+        values = {key: _to_plain(value) for key, value in record.items()}
+        if self._prints:
+            logger.info(self.format_line(step, values))
+        if self._file is not None:
+            row: dict[str, Any] = {"step": int(step), "time": time.time()}
+            for key in SCHEMA_KEYS:
+                row[key] = _to_float(values.get(key))
+            for key, value in values.items():
+                if key not in row:
+                    row[key] = _finite_or_none(value)
+            self._file.write(json.dumps(row, default=str, allow_nan=False) + "\n")
+            self._file.flush()
+
+    def format_line(self, step: int, record: Mapping[str, Any]) -> str:
+        """The console line for ``record``; keys the record lacks are left out, ``None`` shows as n/a."""
+        width = max(4, len(str(self.total_steps or "")))
+        parts = [f"step {step:>{width}}"]
+        if self.total_steps:
+            frac = min(max(step / self.total_steps, 0.0), 1.0)
+            filled = int(frac * _BAR_WIDTH)
+            parts[0] += f"/{self.total_steps}"
+            parts.append(f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {int(frac * 100):>2}%")
+        for key, label, fmt in _CONSOLE_FIELDS:
+            if key in record:
+                value = record[key]
+                parts.append(f"{label} {'n/a' if value is None else fmt(float(value))}")
+        return "  ".join(parts)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_CONSOLE_FIELDS = (
+    ("loss", "loss", lambda v: f"{v:.4f}"),
+    ("grad_norm", "grad_norm", lambda v: f"{v:.3f}"),
+    ("lr", "lr", lambda v: f"{v:.1e}"),
+    ("tps", "tps", lambda v: f"{v:,.0f}" if math.isfinite(v) else str(v)),
+    ("mfu", "mfu", lambda v: f"{100 * v:.1f}%"),
+    ("memory", "mem", lambda v: f"{v:.2f}GiB"),
+)
+
+
+def _to_plain(value: Any) -> Any:
+    """A one-element tensor becomes its Python number (this syncs with the device, once per log step)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def _to_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    return _finite_or_none(float(value))
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_none(_to_plain(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(_to_plain(v)) for v in value]
+    return value
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"

@@ -1,0 +1,93 @@
+import json
+import logging
+
+import pytest
+import torch
+
+from titan_debug import MetricsLogger
+
+RECORD = {"loss": 5.12341, "grad_norm": 1.2344, "lr": 3e-4, "tps": 12345.4, "mfu": 0.1234, "memory": 1.234}
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def titan_logs(caplog):
+    caplog.set_level(logging.INFO, logger="titan")
+    return caplog
+
+
+def test_jsonl_schema(tmp_path):
+    with MetricsLogger(tmp_path / "run", rank=0, total_steps=50) as metrics:
+        metrics.log(1, {**RECORD, "loss": torch.tensor(6.5), "tflops": 3.5, "data_time_frac": 0.02})
+        metrics.log(2, {"loss": 6.0, "mfu": None})  # partial record, unknown MFU
+        metrics.log(3, {**RECORD, "loss": float("nan"), "tps": 1000})
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert {"step", "time", "loss", "grad_norm", "lr", "tps", "mfu", "memory"} <= set(row)
+        assert isinstance(row["step"], int) and isinstance(row["time"], float)
+    first = rows[0]
+    for key in ("loss", "grad_norm", "lr", "tps", "mfu", "memory"):
+        assert isinstance(first[key], float), key
+    assert first["loss"] == 6.5 and first["mfu"] == pytest.approx(0.1234) and first["memory"] == 1.234
+    assert first["tflops"] == 3.5 and first["data_time_frac"] == 0.02
+    assert rows[1]["mfu"] is None and rows[1]["grad_norm"] is None and rows[1]["loss"] == 6.0
+    assert rows[2]["loss"] is None  # NaN is not JSON; written as null
+    assert rows[2]["tps"] == 1000.0 and isinstance(rows[2]["tps"], float)
+
+
+def test_appending_keeps_existing_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with MetricsLogger(tmp_path, rank=0) as metrics:
+        metrics.log(1, RECORD)
+    path.write_text(path.read_text() + '{"step": 2, "loss"')  # a run killed mid-write
+    with MetricsLogger(tmp_path, rank=0) as metrics:  # the resumed run
+        metrics.log(2, RECORD)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    assert json.loads(lines[0])["step"] == 1
+    assert json.loads(lines[2])["step"] == 2
+
+
+def test_only_rank_zero_writes_jsonl(tmp_path):
+    with MetricsLogger(tmp_path / "r1", rank=1, log_ranks=[0, 1]) as metrics:
+        metrics.log(1, RECORD)
+    assert not (tmp_path / "r1" / "metrics.jsonl").exists()
+    with MetricsLogger(None, rank=0) as metrics:  # no dump folder: console only
+        assert metrics.path is None
+        metrics.log(1, RECORD)
+
+
+def test_console_line(titan_logs):
+    metrics = MetricsLogger(None, rank=0, total_steps=50)
+    metrics.log(12, RECORD)
+    assert len(titan_logs.records) == 1
+    line = titan_logs.records[0].getMessage()
+    assert line.startswith("step   12/50  [##........] 24%  ")
+    for field in ("loss 5.1234", "grad_norm 1.234", "lr 3.0e-04", "tps 12,345", "mfu 12.3%", "mem 1.23GiB"):
+        assert f"  {field}" in line, (field, line)
+
+
+def test_console_line_unknown_and_missing_fields(titan_logs):
+    metrics = MetricsLogger(None, rank=0)  # total unknown: no bar
+    metrics.log(7, {"loss": 2.0, "mfu": None})
+    assert titan_logs.records[0].getMessage() == "step    7  loss 2.0000  mfu n/a"
+
+
+def test_console_only_on_log_ranks(tmp_path, titan_logs):
+    MetricsLogger(tmp_path / "a", rank=1).log(1, RECORD)  # default log_ranks=[0]
+    assert titan_logs.records == []
+    with MetricsLogger(tmp_path / "b", rank=0, log_ranks=[1]) as metrics:  # writes, does not print
+        metrics.log(1, RECORD)
+    assert titan_logs.records == []
+    assert len(read_jsonl(tmp_path / "b" / "metrics.jsonl")) == 1
+
+
+def test_close_is_idempotent(tmp_path):
+    metrics = MetricsLogger(tmp_path, rank=0)
+    metrics.close()
+    metrics.close()

@@ -1,0 +1,23 @@
+"""Llama 3 / 3.1 (Meta, "The Llama 3 Herd of Models"), TorchTitan's layout."""
+
+from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.llama3.flavors import FLAVORS
+from titan_models.llama3.flops import count_params, flops_per_token, num_params
+from titan_models.llama3.hf import Llama3HFAdapter, args_from_hf_config, hf_config
+from titan_models.llama3.model import Transformer
+from titan_models.llama3.plan import llama3_plan, llama3_tp_plan
+
+__all__ = [
+    "FLAVORS",
+    "Llama3Args",
+    "Llama3HFAdapter",
+    "RopeScaling",
+    "Transformer",
+    "args_from_hf_config",
+    "count_params",
+    "flops_per_token",
+    "hf_config",
+    "llama3_plan",
+    "llama3_tp_plan",
+    "num_params",
+]

@@ -1,0 +1,128 @@
+"""Llama 3 hyperparameters: one dataclass, validated before any module is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 RoPE frequency scaling ("llama3" rope_type in Hugging Face).
+
+    Long wavelengths are stretched by `factor`, short ones kept, and the band in between interpolated,
+    so a model pre-trained at `original_max_position_embeddings` tokens extends to longer contexts.
+    """
+
+    factor: float = 8.0
+    """How much the low frequencies (long wavelengths) are divided by."""
+    low_freq_factor: float = 1.0
+    """Wavelengths longer than original_max_position_embeddings / low_freq_factor are fully scaled."""
+    high_freq_factor: float = 4.0
+    """Wavelengths shorter than original_max_position_embeddings / high_freq_factor are left unchanged."""
+    original_max_position_embeddings: int = 8192
+    """Context length the unscaled model was trained at."""
+
+
+@dataclass
+class Llama3Args:
+    """Shape of a Llama 3 model. Field names follow Meta's reference and TorchTitan."""
+
+    dim: int = 4096
+    """Width of the residual stream (hidden size)."""
+    n_layers: int = 32
+    """Number of transformer blocks."""
+    n_heads: int = 32
+    """Number of query heads; head_dim = dim // n_heads."""
+    n_kv_heads: int | None = None
+    """Number of key/value heads (grouped-query attention); None means n_heads (plain multi-head)."""
+    vocab_size: int = 128256
+    """Rows of the token embedding and of the output projection."""
+    multiple_of: int = 256
+    """The SwiGLU hidden size is rounded up to a multiple of this (hardware-friendly shapes)."""
+    ffn_dim_multiplier: float | None = None
+    """Scales the SwiGLU hidden size int(8 * dim / 3) before rounding; None means 1."""
+    ffn_hidden_dim: int | None = None
+    """Explicit SwiGLU hidden size, overriding multiple_of / ffn_dim_multiplier (set when importing a
+    Hugging Face config, which stores only the resulting intermediate_size)."""
+    norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm."""
+    rope_theta: float = 500000.0
+    """RoPE base: the angle of pair i at position p is p * rope_theta ** (-2i / head_dim)."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.1 long-context frequency scaling; None for plain RoPE."""
+    max_seq_len: int = 2048
+    """Length of the precomputed RoPE table; positions must be smaller than this."""
+    depth_init: bool = True
+    """If True the output projections of block i use std 0.02 / sqrt(2 * (i + 1)); if False every block
+    uses 0.02 / sqrt(2 * n_layers). Both keep the residual stream's variance from growing with depth."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """n_kv_heads, or n_heads when n_kv_heads is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        """SwiGLU hidden size. 8 * dim / 3 keeps the parameter count of a 4 * dim two-matrix MLP
+        with three matrices (Shazeer, "GLU Variants Improve Transformer")."""
+        if self.ffn_hidden_dim is not None:
+            return self.ffn_hidden_dim
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that cannot build a model."""
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Llama3Args.{name}={value!r} must be a positive integer")
+        if self.n_kv_heads is not None and (
+            not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool) or self.n_kv_heads <= 0
+        ):
+            raise ValueError(
+                f"Llama3Args.n_kv_heads={self.n_kv_heads!r} must be a positive integer or None (= n_heads)"
+            )
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"Llama3Args.dim={self.dim} is not divisible by n_heads={self.n_heads}; dim must be n_heads * head_dim"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"Llama3Args.dim={self.dim} with n_heads={self.n_heads} gives an odd "
+                f"head_dim={self.head_dim}; RoPE rotates pairs, so head_dim must be even"
+            )
+        if self.n_heads % self.num_kv_heads:
+            raise ValueError(
+                f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
+                f"each key/value head must serve the same number of query heads"
+            )
+        if self.ffn_dim_multiplier is not None and not self.ffn_dim_multiplier > 0:
+            raise ValueError(f"Llama3Args.ffn_dim_multiplier={self.ffn_dim_multiplier!r} must be > 0 or None")
+        if self.ffn_hidden_dim is not None and (not isinstance(self.ffn_hidden_dim, int) or self.ffn_hidden_dim <= 0):
+            raise ValueError(f"Llama3Args.ffn_hidden_dim={self.ffn_hidden_dim!r} must be a positive integer or None")
+        if not self.norm_eps > 0:
+            raise ValueError(f"Llama3Args.norm_eps={self.norm_eps!r} must be > 0")
+        if not self.rope_theta > 0:
+            raise ValueError(f"Llama3Args.rope_theta={self.rope_theta!r} must be > 0")
+        scaling = self.rope_scaling
+        if scaling is not None:
+            if not isinstance(scaling, RopeScaling):
+                raise ValueError(f"Llama3Args.rope_scaling={scaling!r} must be a RopeScaling or None")
+            if not scaling.factor > 0:
+                raise ValueError(f"Llama3Args.rope_scaling.factor={scaling.factor!r} must be > 0")
+            if not 0 < scaling.low_freq_factor < scaling.high_freq_factor:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling: need 0 < low_freq_factor < high_freq_factor, got "
+                    f"low_freq_factor={scaling.low_freq_factor}, high_freq_factor={scaling.high_freq_factor}"
+                )
+            if scaling.original_max_position_embeddings <= 0:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling.original_max_position_embeddings="
+                    f"{scaling.original_max_position_embeddings!r} must be > 0"
+                )

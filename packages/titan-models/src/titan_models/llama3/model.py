@@ -1,0 +1,181 @@
+"""Llama 3 as a plain nn.Module: no parallelism here (see plan.py for how it is split).
+
+Module names mirror TorchTitan's (and Meta's) so checkpoints and plans map by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_models.llama3.args import Llama3Args
+from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
+from titan_models.seeded_init import SeededInit
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32: a bf16 mean of squares loses the small components.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[bs, seqlen, n_kv_heads, head_dim] -> [bs, seqlen, n_kv_heads * n_rep, head_dim]; query head h
+    reads key/value head h // n_rep."""
+    if n_rep == 1:
+        return x
+    bs, seqlen, n_kv_heads, head_dim = x.shape
+    return x[:, :, :, None, :].expand(bs, seqlen, n_kv_heads, n_rep, head_dim).reshape(bs, seqlen, -1, head_dim)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE."""
+
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        """freqs_cis is the second positional argument because the tensor-parallel plan prepares
+        inputs by position: (x, freqs_cis)."""
+        bs, seqlen, _ = x.shape
+        # -1 heads, not n_heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+
+        # Repeat K/V explicitly rather than SDPA's enable_gqa, so every SDPA backend and context-parallel
+        # ring attention see equal head counts.
+        n_rep = xq.shape[2] // xk.shape[2]
+        xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
+
+        # F.scaled_dot_product_attention is looked up at call time, so context parallelism can patch it.
+        out = F.scaled_dot_product_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+    def init_weights(self, init: SeededInit, init_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            init.trunc_normal_(linear.weight, std=0.02)
+        init.trunc_normal_(self.wo.weight, std=init_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, init: SeededInit, init_std: float) -> None:
+        init.trunc_normal_(self.w1.weight, std=0.02)
+        for linear in (self.w2, self.w3):
+            init.trunc_normal_(linear.weight, std=init_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: attention then SwiGLU."""
+
+    def __init__(self, layer_id: int, args: Llama3Args):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        # Smaller std for the projections that write into the residual stream, so its variance does not
+        # grow with depth (TorchTitan's Llama 3 init).
+        if args.depth_init:
+            self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+        else:
+            self.weight_init_std = 0.02 / (2 * args.n_layers) ** 0.5
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self, init: SeededInit) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(init, self.weight_init_std)
+        self.feed_forward.init_weights(init, self.weight_init_std)
+
+
+class Transformer(nn.Module):
+    """Llama 3 decoder.
+
+    Pipeline stages delete what they do not own: entries of `layers` (a ModuleDict keyed "0".."n-1", so
+    the remaining keys keep their global numbers) and `tok_embeddings` / `norm` / `output` set to None.
+    Without tok_embeddings the input is already hidden states; without output the result is.
+    """
+
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        args.validate()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        # Not persistent: derived from args, recomputed by init_weights, never checkpointed.
+        self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+
+    def _precompute_freqs_cis(self, device: torch.device | str | None = None) -> torch.Tensor:
+        args = self.args
+        return precompute_freqs_cis(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device)
+
+    def init_weights(self, buffer_device: torch.device | str | None = None, seed: int | None = None) -> None:
+        """Recompute freqs_cis and initialize every parameter this (possibly partial) model holds.
+
+        Call after `to_empty()`. Each parameter is drawn from a generator seeded by (seed, its name)
+        -- see titan_models.seeded_init -- so the weights depend only on the seed and the device type,
+        never on the number of devices, the pipeline split or the sharding. seed defaults to
+        torch.initial_seed(), i.e. the value given to torch.manual_seed; distributed callers must seed
+        every rank alike.
+        """
+        buffer_device = buffer_device or self.freqs_cis.device
+        self.freqs_cis = self._precompute_freqs_cis(buffer_device)
+
+        init = SeededInit(self, torch.initial_seed() if seed is None else seed)
+        if self.tok_embeddings is not None:
+            init.normal_(self.tok_embeddings.weight, std=1.0)
+        for layer in self.layers.values():
+            layer.init_weights(init)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            std = self.args.dim**-0.5
+            init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
+
+        positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
+        the sequence (context parallelism); RoPE follows them. None means 0..seqlen-1.
+        Returns logits [bs, seqlen, vocab_size], or hidden states when output is None.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
+        for layer in self.layers.values():
+            h = layer(h, freqs_cis)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h

@@ -1,0 +1,68 @@
+"""How Llama 3 is split: block names and TorchTitan's tensor + sequence parallel plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from titan_models.llama3.args import Llama3Args
+from titan_models.plan import ModelPlan
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+def llama3_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+    """TorchTitan's Llama plan (Megatron-style TP with sequence parallelism in between).
+
+    Between blocks activations are sharded on the sequence dim (Shard(1)); attention and the MLP all-gather
+    them, split heads / hidden units column-wise, and reduce-scatter back through the row-wise wo / w2.
+    With loss_parallel the logits stay sharded over the vocabulary for a loss-parallel cross entropy.
+    """
+    # Imported here: model code stays importable and usable without torch.distributed.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+        "layers.*.attention_norm": SequenceParallel(),
+        # (x, freqs_cis): freqs_cis is passed through untouched.
+        "layers.*.attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "layers.*.attention.wq": ColwiseParallel(),
+        "layers.*.attention.wk": ColwiseParallel(),
+        "layers.*.attention.wv": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.feed_forward.w3": ColwiseParallel(),
+    }
+
+
+def llama3_plan(args: Llama3Args) -> ModelPlan:
+    return ModelPlan(
+        block_fqns=[f"layers.{i}" for i in range(args.n_layers)],
+        input_fqns=["tok_embeddings"],
+        output_fqns=["norm", "output"],
+        tp_plan=llama3_tp_plan,
+        # Heads must split evenly (attention reshapes to local heads with -1), and so must the SwiGLU
+        # hidden units (w1/w3 column shards feed w2's row shard as plain local tensors).
+        tp_divisible={
+            "model.n_heads": args.n_heads,
+            "model.n_kv_heads": args.num_kv_heads,
+            "model.ffn_hidden_dim": args.hidden_dim,
+        },
+    )

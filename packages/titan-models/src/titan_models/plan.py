@@ -1,0 +1,30 @@
+"""What a parallelizer needs to know about a model, as plain data.
+
+titan-parallel takes an nn.Module plus a ModelPlan and knows nothing else about the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+@dataclass
+class ModelPlan:
+    block_fqns: list[str]
+    """The repeated blocks, in order (e.g. "layers.0"): the unit of FSDP wrapping, activation
+    checkpointing, per-block compile and pipeline splitting."""
+    input_fqns: list[str]
+    """Modules before the first block (e.g. "tok_embeddings"); they go to the first pipeline stage."""
+    output_fqns: list[str]
+    """Modules after the last block (e.g. "norm", "output"); they go to the last pipeline stage."""
+    tp_plan: Callable[..., dict[str, ParallelStyle]]
+    """Builds the tensor/sequence-parallel plan: {FQN pattern ("*" matches one name): ParallelStyle}.
+    Takes keyword options such as loss_parallel."""
+    tp_divisible: dict[str, int] = field(default_factory=dict)
+    """Sizes the tensor-parallel degree must divide, by the name to use in error messages
+    (e.g. {"model.n_heads": 16})."""

@@ -1,0 +1,90 @@
+"""Models by name: what titan-train looks up from `[model] name` and `flavor`."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from titan_models.plan import ModelPlan
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    # Compared case-insensitively: "8b" should find "8B".
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1)
+    return f"did you mean {by_lower[close[0]]!r}? " if close else ""
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    """Registry key, the value of `[model] name`."""
+    flavors: dict[str, Any]
+    """Named argument sets (e.g. "debug", "8B"), the values of `[model] flavor`."""
+    model_cls: Callable[[Any], nn.Module]
+    """Builds the model from one flavor's args; call it under torch.device("meta")."""
+    plan: Callable[[Any], ModelPlan]
+    """args -> how to parallelize the model."""
+    flops_per_token: Callable[[Any, int], int]
+    """(args, seq_len) -> training FLOPs per token, for MFU."""
+    hf_adapter: Callable[[Any], Any]
+    """args -> ours <-> Hugging Face name and tensor mapping."""
+
+    def args_for(self, flavor: str) -> Any:
+        """A copy of the flavor's args, safe to modify (e.g. max_seq_len from the training config)."""
+        if flavor not in self.flavors:
+            valid = ", ".join(self.flavors)
+            raise ValueError(
+                f"model.flavor={flavor!r} is not a flavor of {self.name}; "
+                f"{_did_you_mean(flavor, list(self.flavors))}valid flavors: {valid}"
+            )
+        return copy.deepcopy(self.flavors[flavor])
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(spec: ModelSpec) -> None:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"model {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"model.name={name!r} is not a registered model; "
+            f"{_did_you_mean(name, list_models())}valid names: {', '.join(list_models())}"
+        )
+    return _REGISTRY[name]
+
+
+def _register_builtin_models() -> None:
+    from titan_models.llama3.flavors import FLAVORS
+    from titan_models.llama3.flops import flops_per_token
+    from titan_models.llama3.hf import Llama3HFAdapter
+    from titan_models.llama3.model import Transformer
+    from titan_models.llama3.plan import llama3_plan
+
+    register_model(
+        ModelSpec(
+            name="llama3",
+            flavors=FLAVORS,
+            model_cls=Transformer,
+            plan=llama3_plan,
+            flops_per_token=flops_per_token,
+            hf_adapter=Llama3HFAdapter,
+        )
+    )
+
+
+_register_builtin_models()

@@ -1,0 +1,94 @@
+"""The command line: `--config recipe.toml`, `--section.key value` overrides and a few actions."""
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+from titan_train.config.docs import field_docs
+from titan_train.config.loader import ConfigError, sections
+
+ACTIONS = {
+    "--help": "show this help (every config field with its type, default and meaning) and exit",
+    "--print-config": "print the resolved config as TOML and exit",
+    "--dry-run": "validate the config and the parallel layout, print both, and exit before any training",
+}
+
+
+@dataclass
+class CommandLine:
+    config_file: str | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+    help: bool = False
+    print_config: bool = False
+    dry_run: bool = False
+
+
+def parse_argv(argv: list[str]) -> CommandLine:
+    """`--key value` and `--key=value`; a bare boolean flag (`--training.deterministic`) means true."""
+    cmd = CommandLine()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in ("-h", "--help"):
+            cmd.help = True
+            continue
+        if arg == "--print-config":
+            cmd.print_config = True
+            continue
+        if arg == "--dry-run":
+            cmd.dry_run = True
+            continue
+        if not arg.startswith("--"):
+            raise ConfigError(f"command line: unexpected argument {arg!r}; options look like --section.key value")
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i < len(argv) and not argv[i].startswith("--"):
+                value = argv[i]
+                i += 1
+            elif _is_bool(name):
+                value = "true"
+            else:
+                raise ConfigError(f"command line: --{name} needs a value")
+        if name in ("config", "job.config_file"):
+            cmd.config_file = value
+        else:
+            cmd.overrides[name] = value
+    return cmd
+
+
+def _is_bool(dotted: str) -> bool:
+    section, _, key = dotted.partition(".")
+    cls = sections().get(section)
+    return cls is not None and typing.get_type_hints(cls).get(key) is bool
+
+
+def _type_name(hint) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "|".join(str(c) for c in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return f"list of {typing.get_args(hint)[0].__name__} (comma-separated)"
+    return hint.__name__
+
+
+def help_text() -> str:
+    lines = [
+        "usage: titan-train --config RECIPE.toml [--section.key VALUE ...] [--print-config] [--dry-run]",
+        "       torchrun --nproc_per_node N -m titan_train --config RECIPE.toml ...",
+        "",
+        'Values from the recipe (TOML; `extends = "other.toml"` inherits) are overridden by the command line.',
+        "Booleans take true/false, lists are comma-separated.",
+        "",
+        "actions:",
+        "  --config PATH         the TOML recipe",
+        *(f"  {k:<20}  {v}" for k, v in ACTIONS.items()),
+    ]
+    for section, cls in sections().items():
+        lines += ["", f"[{section}]"]
+        docs = field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"  --{section}.{f.name} {_type_name(hints[f.name])}  (default: {default!r})")
+            lines += [f"      {line}" for line in docs.get(f.name, "").splitlines()]
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""TOML recipes (with `extends`) plus dotted CLI overrides, turned into a typed JobConfig.
+
+Every error names the field, the bad value and what is allowed, and is raised before any process group,
+model or data exists.
+"""
+
+import dataclasses
+import difflib
+import sys
+import typing
+from pathlib import Path
+
+from titan_train.config.sections import JobConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message says which field and what would be right."""
+
+
+def sections() -> dict[str, type]:
+    """{section name: its dataclass}, in declaration order."""
+    return {f.name: f.type for f in dataclasses.fields(JobConfig)}
+
+
+def all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in sections().items() for f in dataclasses.fields(cls)]
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def read_toml(path: str | Path, _seen: tuple = ()) -> dict:
+    """A recipe as nested dicts, with its `extends` chain merged in (the extending file wins)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"config files extend each other in a cycle: {chain}")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: extends must be a path string, got {parent!r}")
+    base = read_toml(path.parent / parent, (*_seen, path))
+    for section, values in data.items():
+        if isinstance(values, dict) and isinstance(base.get(section), dict):
+            base[section] = {**base[section], **values}
+        else:
+            base[section] = values
+    return base
+
+
+def _coerce(value, hint, key: str):
+    """`value` (from TOML, or a string from the CLI) as type `hint`, or a ConfigError naming `key`."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        value = _coerce(value, type(choices[0]), key)
+        if value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(
+                f"{key}={value!r} is not allowed; use one of {allowed}{_did_you_mean(str(value), choices)}"
+            )
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} must be a list (TOML array, or comma-separated on the CLI)")
+        return [_coerce(v, item, key) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{key}={value!r} must be a boolean: true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r} must be an integer")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r} must be a number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}={value!r} must be a string")
+    raise TypeError(f"unsupported config type {hint} for {key}")  # a bug in sections.py, not user input
+
+
+def _apply(config: JobConfig, section: str, key: str, value, source: str) -> None:
+    known = sections()
+    if section not in known:
+        raise ConfigError(f"{source}: unknown config section [{section}]{_did_you_mean(section, known)}")
+    cls = known[section]
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        full = f"{section}.{key}"
+        raise ConfigError(f"{source}: unknown config key {full!r}{_did_you_mean(full, all_keys())}")
+    setattr(getattr(config, section), key, _coerce(value, hints[key], f"{section}.{key}"))
+
+
+def build_config(
+    toml: dict | None = None, overrides: dict[str, str] | None = None, source: str = "config"
+) -> JobConfig:
+    """Defaults, then the recipe's values, then `{"section.key": "value"}` overrides."""
+    config = JobConfig()
+    for section, values in (toml or {}).items():
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"{source}: top-level key {section!r} must be a [section]{_did_you_mean(section, sections())}"
+            )
+        for key, value in values.items():
+            _apply(config, section, key, value, source)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if not key:
+            raise ConfigError(
+                f"command line: option --{dotted} must have the form --section.key{_did_you_mean(dotted, all_keys())}"
+            )
+        _apply(config, section, key, value, "command line")
+    return config
+
+
+def to_dict(config: JobConfig) -> dict:
+    return dataclasses.asdict(config)
+
+
+def to_toml(config: JobConfig) -> str:
+    """The resolved config as a TOML recipe (what --print-config shows)."""
+
+    def fmt(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return repr(v)
+
+    lines = []
+    for section, values in to_dict(config).items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {fmt(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)

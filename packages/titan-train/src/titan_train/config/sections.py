@@ -1,0 +1,130 @@
+"""The training config: one dataclass per TOML section.
+
+The string under each field is its documentation: `titan-train --help` prints it, so keep it true.
+Section and key names are a public interface (users' TOML recipes and CLI overrides): extend, never rename.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Job:
+    name: str = "titan"
+    """Run name, used in logs."""
+    dump_folder: str = "./outputs"
+    """Folder for everything the run writes: metrics.jsonl, checkpoints, traces."""
+    description: str = ""
+    """Free text describing the run."""
+
+
+@dataclass
+class Model:
+    name: str = "llama3"
+    """Model family registered in titan-models (e.g. llama3)."""
+    flavor: str = "debug"
+    """Size of the model within its family (llama3: tiny, debug, 8B, 70B, 405B)."""
+    tokenizer_path: str = ""
+    """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
+
+
+@dataclass
+class Training:
+    steps: int = 50
+    """Number of optimizer steps to train for."""
+    local_batch_size: int = 8
+    """Sequences per micro-batch on each data-parallel rank."""
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks; -1 means local_batch_size x data-parallel degree.
+    A multiple of that product turns on gradient accumulation."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    max_norm: float = 1.0
+    """Gradient-norm clipping threshold; 0 turns clipping off."""
+    dataset: str = "kjv"
+    """Dataset: "kjv" (embedded, no download), "text" (files at dataset_path: .txt, .jsonl, .jsonl.gz or a
+    folder of them) or "hf:<name>" (a Hugging Face dataset; needs the datasets package)."""
+    dataset_path: str = ""
+    """Path for the "text" dataset (file or folder)."""
+    dataloader_num_workers: int = 0
+    """Worker processes for data loading (0 loads in the training process)."""
+    mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the forward/backward compute: bfloat16 autocasts on one process (FSDP's param dtype once
+    data parallelism shards the model); parameters and optimizer state stay float32."""
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduction across data-parallel ranks (no effect on one process)."""
+    seed: int = 42
+    """Seed for weight init and every RNG."""
+    deterministic: bool = False
+    """Use deterministic algorithms only (slower; bit-reproducible runs)."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW"] = "AdamW"
+    """Optimizer."""
+    lr: float = 8e-4
+    """Peak learning rate (reached at the end of warmup)."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+    implementation: Literal["auto", "foreach", "fused", "for-loop"] = "auto"
+    """Kernel: fused where the device supports it, foreach otherwise ("auto"), or forced."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 10
+    """Steps of linear warmup from lr/(warmup_steps+1) to lr."""
+    decay_type: Literal["linear", "cosine", "sqrt", "constant"] = "linear"
+    """Shape of the decay after warmup."""
+    decay_ratio: float = 1.0
+    """Fraction of the steps after warmup that decay (the rest hold lr constant first, WSD-style)."""
+    min_lr_factor: float = 0.0
+    """Floor of the decay, as a fraction of lr."""
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """Replicas of the model (DDP, or the replicate dimension of HSDP)."""
+    data_parallel_shard_degree: int = -1
+    """Ranks the model is sharded over by FSDP; -1 takes the world size left by the other degrees."""
+    tensor_parallel_degree: int = 1
+    """Ranks each layer's matmuls are split over (tensor + sequence parallel)."""
+    enable_loss_parallel: bool = True
+    """With tensor parallel, compute the loss on vocab-sharded logits (no all-gather of logits)."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages over ranks."""
+    pipeline_parallel_schedule: str = "1F1B"
+    """Pipeline schedule."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline micro-batch."""
+    context_parallel_degree: int = 1
+    """Ranks the sequence is split over (ring attention)."""
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free gathered parameters after forward ("default": yes except the root module)."""
+    fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
+    """Implementation of sharded data parallelism."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Steps between metric lines (the first and last step are always logged)."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    metrics: Metrics = field(default_factory=Metrics)

@@ -1,0 +1,130 @@
+"""Documents -> fixed-length training samples: tokenize, frame with BOS/EOS, concatenate, cut into windows.
+
+Each document becomes BOS + tokens + EOS; the stream of documents is concatenated and cut into
+non-overlapping windows of seq_len + 1 tokens, and a window w gives inputs w[:-1] and labels w[1:] (as
+TorchTitan's HuggingFaceDataset). Documents are sharded over data-parallel ranks by their global position
+in the epoch's order: position i goes to rank i % dp_world_size. DataLoader workers split a rank's share
+the same way, each packing its own documents, so a rank reads each of its documents once per epoch
+whatever its number of workers (the windows, though, depend on that number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import Stateful
+
+from titan_train.data.order import epoch_documents
+from titan_train.data.sources import DocumentSource
+from titan_train.tokenizer import Tokenizer
+
+# Documents are tokenized lazily in chunks (one encode_batch call each) that grow from the first to the
+# last size: the first batch comes quickly, later chunks keep the tokenizer's threads busy.
+_FIRST_CHUNK, _LAST_CHUNK = 8, 256
+
+
+class PackedTokenDataset(IterableDataset, Stateful):
+    """Yields (inputs, labels) LongTensors of shape [seq_len]; infinite (re-looping, counting epochs) unless
+    `infinite=False`.
+
+    State (`state_dict()`), exact between any two samples, so resume replays and skips nothing:
+        epoch          passes over the data completed
+        next_doc       global position, in epoch `epoch`'s document order, of the next document this reader
+                       would take (positions of other ranks' documents included)
+        token_buffer   tokens of taken documents not yet emitted (fewer than one window + one document)
+        dp_rank, dp_world_size   the layout the state belongs to
+
+    Resuming on a different dp_world_size (not implemented; a later issue): the union of all readers'
+    states says exactly which documents were consumed, because (epoch, next_doc) is a global position:
+    reader r of R has taken every position p < next_doc[r] with p % R == r and none after. A new layout
+    can start at the smallest saved position, skip the positions below the largest that their old reader
+    had already taken, and hand the old token buffers out first. Keep `next_doc` global when changing this.
+    """
+
+    def __init__(
+        self,
+        source: DocumentSource,
+        tokenizer: Tokenizer,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        seed: int | None = None,
+        infinite: bool = True,
+    ):
+        self.source, self.tokenizer, self.seq_len = source, tokenizer, seq_len
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.seed, self.infinite = seed, infinite
+        self._epoch = 0
+        self._next_doc = 0
+        self._buffer: list[int] = []
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        rank, world = self._reader_shard()
+        while True:
+            yield from self._drain()
+            started_at_zero, took_any = self._next_doc == 0, False
+            for position, ids in self._tokenized_documents(rank, world):
+                self._buffer.extend(ids)
+                self._next_doc = position + 1
+                took_any = True
+                yield from self._drain()
+            if not self.infinite:
+                return
+            if started_at_zero and not took_any:
+                readers = f" (reader {rank} of {world} with workers)" if world > self.dp_world_size else ""
+                raise ValueError(
+                    f"dataset {self.source.name!r} has no documents for data-parallel rank "
+                    f"{self.dp_rank} of {self.dp_world_size}{readers}: it has fewer documents "
+                    f"than readers"
+                )
+            self._epoch += 1
+            self._next_doc = 0
+
+    def _drain(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        window = self.seq_len + 1
+        while len(self._buffer) >= window:
+            w = torch.tensor(self._buffer[:window], dtype=torch.long)
+            del self._buffer[:window]
+            yield w[:-1], w[1:]
+
+    def _tokenized_documents(self, rank: int, world: int) -> Iterator[tuple[int, list[int]]]:
+        docs = epoch_documents(self.source, self._epoch, self._next_doc, self.seed)
+        mine = ((p, text) for p, text in docs if p % world == rank)
+        size = _FIRST_CHUNK
+        while chunk := list(islice(mine, size)):
+            ids = self.tokenizer.encode_batch([text for _, text in chunk])
+            yield from zip((p for p, _ in chunk), ids, strict=True)
+            size = min(2 * size, _LAST_CHUNK)
+
+    def _reader_shard(self) -> tuple[int, int]:
+        """(index, count) of this reader among all readers: dp ranks, each split over its workers."""
+        info = get_worker_info()
+        if info is None:
+            return self.dp_rank, self.dp_world_size
+        return self.dp_rank + self.dp_world_size * info.id, self.dp_world_size * info.num_workers
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self._epoch,
+            "next_doc": self._next_doc,
+            "token_buffer": list(self._buffer),
+            "dp_rank": self.dp_rank,
+            "dp_world_size": self.dp_world_size,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Takes effect at the next `iter()`."""
+        saved = (state_dict["dp_rank"], state_dict["dp_world_size"])
+        if saved != (self.dp_rank, self.dp_world_size):
+            raise ValueError(
+                f"dataloader state was saved by data-parallel rank {saved[0]} of {saved[1]} but "
+                f"is loaded by rank {self.dp_rank} of {self.dp_world_size}; resuming on a "
+                f"different data-parallel size is not supported yet"
+            )
+        self._epoch = state_dict["epoch"]
+        self._next_doc = state_dict["next_doc"]
+        self._buffer = list(state_dict["token_buffer"])

@@ -1,0 +1,53 @@
+"""AdamW and the learning-rate schedule: linear warmup, optional constant phase, decay to a floor."""
+
+import functools
+import math
+
+import torch
+
+from titan_train.config.sections import LRScheduler, Optimizer
+
+
+def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+    impl = cfg.implementation
+    if impl == "auto":
+        # Fused kernels exist for CUDA-like devices; foreach is the fast path everywhere else.
+        impl = "fused" if device_type not in ("cpu", "meta") else "foreach"
+    kwargs = {"fused": impl == "fused", "foreach": impl == "foreach"}
+    return torch.optim.AdamW(
+        params,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        **kwargs,
+    )
+
+
+def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
+    """Multiplier of the peak lr for 0-based optimizer step `step`.
+
+    Warmup rises linearly to 1 over `warmup_steps`; of the steps after it, the last `decay_ratio` part
+    decays to `min_lr_factor` (reached exactly at the final step), and the part before that holds 1.
+    """
+    warmup = min(cfg.warmup_steps, total_steps)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    decay_steps = round((total_steps - warmup) * cfg.decay_ratio)
+    decay_start = total_steps - decay_steps
+    if cfg.decay_type == "constant" or decay_steps == 0 or step < decay_start:
+        return 1.0
+    progress = min(1.0, (step - decay_start + 1) / decay_steps)
+    if cfg.decay_type == "linear":
+        shape = 1.0 - progress
+    elif cfg.decay_type == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif cfg.decay_type == "sqrt":
+        shape = 1.0 - math.sqrt(progress)
+    else:
+        raise ValueError(f"lr_scheduler.decay_type={cfg.decay_type!r} is unknown; use linear, cosine, sqrt or constant")
+    return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shape
+
+
+def build_lr_scheduler(optimizer, cfg: LRScheduler, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, total_steps=total_steps, cfg=cfg))

@@ -1,0 +1,165 @@
+import pytest
+
+from titan_train.cli import main
+from titan_train.config import (
+    ConfigError,
+    JobConfig,
+    build_config,
+    help_text,
+    load_config,
+    parse_argv,
+    read_toml,
+    to_toml,
+)
+from titan_train.config.docs import field_docs
+from titan_train.config.sections import Training
+from titan_train.layout import resolve_layout
+
+
+def cli(*argv: str) -> JobConfig:
+    return load_config(parse_argv(list(argv)))
+
+
+def test_overrides_are_typed():
+    config = cli(
+        "--training.steps",
+        "7",
+        "--optimizer.lr=3e-4",
+        "--training.deterministic",
+        "true",
+        "--lr_scheduler.decay_type",
+        "cosine",
+    )
+    assert config.training.steps == 7
+    assert config.optimizer.lr == 3e-4
+    assert config.training.deterministic is True
+    assert config.lr_scheduler.decay_type == "cosine"
+
+
+def test_bare_boolean_flag_means_true():
+    assert cli("--training.deterministic", "--training.steps", "3").training.deterministic is True
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.step'; did you mean 'training.steps'\?"):
+        cli("--training.step", "10")
+
+
+def test_unknown_section_suggests_the_close_one():
+    with pytest.raises(ConfigError, match=r"unknown config section \[trainig\]; did you mean 'training'\?"):
+        cli("--trainig.steps", "10")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--training.steps", "ten"], "training.steps='ten' must be an integer"),
+        (["--training.steps", "2.5"], "training.steps='2.5' must be an integer"),
+        (["--optimizer.lr", "fast"], "optimizer.lr='fast' must be a number"),
+        (["--training.deterministic", "yes"], "training.deterministic='yes' must be a boolean: true or false"),
+        (
+            ["--lr_scheduler.decay_type", "cosin"],
+            r"lr_scheduler.decay_type='cosin' is not allowed; use one of "
+            r"'linear', 'cosine', 'sqrt', 'constant'; did you mean 'cosine'\?",
+        ),
+        (["--training.steps", "0"], r"training.steps=0 must be >= 1"),
+        (["--optimizer.beta2", "1.0"], r"optimizer.beta2=1.0 must be in \[0, 1\)"),
+        (["--lr_scheduler.min_lr_factor", "2"], r"lr_scheduler.min_lr_factor=2.0 must be in \[0, 1\]"),
+        (["--parallelism.tensor_parallel_degree", "0"], "parallelism.tensor_parallel_degree=0 must be >= 1"),
+        (["--model.flavor", "debugg"], r"model.flavor: .*did you mean 'debug'"),
+        (["--model.name", "lama3"], r"model.name: .*did you mean 'llama3'"),
+        (["--training.steps"], "--training.steps needs a value"),
+        (["stray"], "unexpected argument 'stray'"),
+        (["--training.dataset", "c4"], "training.dataset='c4'"),
+        (["--training.dataset", "text"], "training.dataset_path"),
+        (["--model.tokenizer_path", "/no/such/tokenizer.json"], "model.tokenizer_path='/no/such/tokenizer.json'"),
+    ],
+)
+def test_bad_values_name_the_field(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        cli(*argv)
+
+
+def test_toml_type_errors_name_the_field(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[training]\nsteps = "many"\n')
+    with pytest.raises(ConfigError, match="training.steps='many' must be an integer"):
+        cli("--config", str(recipe))
+    recipe.write_text("[training]\nsetps = 3\n")
+    with pytest.raises(
+        ConfigError, match=r"r.toml: unknown config key 'training.setps'; did you mean 'training.steps'"
+    ):
+        cli("--config", str(recipe))
+
+
+def test_extends_merges_and_command_line_wins(tmp_path):
+    (tmp_path / "base.toml").write_text('[training]\nsteps = 100\nseq_len = 64\n[job]\nname = "base"\n')
+    (tmp_path / "child.toml").write_text('extends = "base.toml"\n[training]\nsteps = 20\n')
+    config = cli("--config", str(tmp_path / "child.toml"), "--training.seq_len", "32")
+    assert (config.training.steps, config.training.seq_len, config.job.name) == (20, 32, "base")
+
+
+def test_extends_cycle_and_missing_files_are_errors(tmp_path):
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="extend each other in a cycle"):
+        read_toml(tmp_path / "a.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_toml(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[training\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        read_toml(tmp_path / "bad.toml")
+
+
+def test_print_config_round_trips(tmp_path):
+    config = cli("--training.steps", "9", "--job.description", 'a "quoted" run', "--training.deterministic", "true")
+    (tmp_path / "printed.toml").write_text(to_toml(config))
+    assert build_config(read_toml(tmp_path / "printed.toml")) == config
+
+
+def test_help_shows_every_field_with_its_doc():
+    text = help_text()
+    assert "--training.local_batch_size int  (default: 8)" in text
+    assert field_docs(Training)["local_batch_size"] in text
+    assert "--lr_scheduler.decay_type linear|cosine|sqrt|constant" in text
+
+
+def test_every_field_is_documented():
+    import dataclasses
+
+    for section in dataclasses.fields(JobConfig):
+        docs = field_docs(section.type)
+        missing = [f.name for f in dataclasses.fields(section.type) if not docs.get(f.name)]
+        assert not missing, f"[{section.name}] fields without a doc string: {missing}"
+
+
+def test_global_batch_must_be_a_multiple():
+    config = cli("--training.local_batch_size", "4", "--training.global_batch_size", "10")
+    with pytest.raises(
+        ConfigError, match="training.global_batch_size=10 is not a multiple of .* = 4; use a multiple of 4"
+    ):
+        resolve_layout(config, world_size=1)
+    assert (
+        resolve_layout(
+            cli("--training.local_batch_size", "4", "--training.global_batch_size", "12"), 1
+        ).accumulation_steps
+        == 3
+    )
+
+
+def test_layout_product_must_match_world_size():
+    with pytest.raises(ConfigError, match="parallelism: .* the world size is 1"):
+        resolve_layout(
+            cli("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"), 1
+        )
+
+
+def test_cli_reports_config_errors_before_any_work(capsys):
+    assert main(["--training.stepz", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "config error" in err and "did you mean 'training.steps'" in err
+
+
+def test_cli_print_config(capsys):
+    assert main(["--training.steps", "3", "--print-config"]) == 0
+    assert "steps = 3" in capsys.readouterr().out
