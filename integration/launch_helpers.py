@@ -39,3 +39,13 @@ def run_titan(args: list[str], nproc: int | None = 1, timeout: int = 600) -> sub
 def read_metrics(dump_folder: Path) -> list[dict]:
     path = Path(dump_folder) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_script(script: str, args: list[str], nproc: int | None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run a script from integration/ directly (nproc None) or under torchrun."""
+    path = str(Path(__file__).resolve().parent / script)
+    if nproc is None:
+        cmd = [sys.executable, path, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", path, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT)

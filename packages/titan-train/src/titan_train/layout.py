@@ -1,8 +1,9 @@
-"""The run's parallel layout and gradient accumulation, resolved from the config and the world size."""
+"""The run's parallel layout and gradient accumulation, resolved from the config and the world size
+before any process group exists."""
 
 from dataclasses import dataclass
 
-from titan_parallel import ParallelDims
+from titan_parallel import ParallelDims, check_tp_degree
 from titan_train.config import ConfigError, JobConfig
 
 
@@ -11,14 +12,6 @@ class Layout:
     dims: ParallelDims
     accumulation_steps: int
     """Micro-batches per optimizer step on each data-parallel rank."""
-
-    @property
-    def dp_degree(self) -> int:
-        return self.dims.dp
-
-    def dp_rank(self, rank: int) -> int:
-        # Until the device mesh lands every rank is a data-parallel rank of its own.
-        return rank
 
     def describe(self) -> str:
         return f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
@@ -37,11 +30,21 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         )
     except ValueError as e:
         raise ConfigError(f"parallelism: {e}") from None
-    if world_size > 1:
+    for name, degree in (("pipeline_parallel_degree", dims.pp), ("context_parallel_degree", dims.cp)):
+        if degree > 1:
+            raise ConfigError(f"parallelism.{name}={degree} is not supported yet (it lands with its own issue); use 1")
+    if p.fsdp_implementation != "fsdp2":
         raise ConfigError(
-            f"world size {world_size}: multi-process layouts ({dims.describe()}) need the titan-parallel core, "
-            "which has not landed yet; run with one process"
+            f"parallelism.fsdp_implementation={p.fsdp_implementation!r} is not supported yet; use 'fsdp2'"
         )
+    if dims.tp > 1:
+        from titan_models import get_model_spec
+
+        spec = get_model_spec(config.model.name)
+        try:
+            check_tp_degree(dims.tp, spec.plan(spec.args_for(config.model.flavor)).tp_divisible)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:

@@ -8,19 +8,20 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from titan_debug import MetricsLogger, memory_stats, mfu, peak_flops
 from titan_models import get_model_spec
+from titan_parallel import clip_grad_norm_, loss_context
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
 from titan_train.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.layout import resolve_layout
 from titan_train.optim import build_lr_scheduler, build_optimizer
+from titan_train.parallelize import DTYPES, parallelize, uses_fsdp
 from titan_train.tokenizer import load_tokenizer
 
 logger = logging.getLogger("titan")
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -43,6 +44,8 @@ class Trainer:
         self.config, self.env = config, env
         t = config.training
         self.layout = resolve_layout(config, env.world_size)
+        self.dims = self.layout.dims
+        self.dims.build_mesh(env.device.type)
         set_determinism(t.seed, t.deterministic)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec = get_model_spec(config.model.name)
@@ -54,8 +57,8 @@ class Trainer:
             tokenizer=self.tokenizer,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
-            dp_rank=self.layout.dp_rank(env.rank),
-            dp_world_size=self.layout.dp_degree,
+            dp_rank=self.dims.local_rank("dp"),
+            dp_world_size=self.dims.dp,
             num_workers=t.dataloader_num_workers,
             seed=t.seed,
         )
@@ -63,6 +66,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, env.device.type)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, t.steps)
         self.compute_dtype = DTYPES[t.mixed_precision_param]
+        self.loss_parallel = self.dims.tp > 1 and config.parallelism.enable_loss_parallel
+        # The loss is reported as the mean over every rank that holds different tokens.
+        self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
         self.data_seconds = 0.0
 
@@ -78,9 +84,10 @@ class Trainer:
         return dataclasses.replace(args, max_seq_len=max(args.max_seq_len, cfg.training.seq_len))
 
     def _build_model(self) -> torch.nn.Module:
-        """Built on the meta device, then materialized on this rank's device and initialized from the seed."""
+        """Built on the meta device, parallelized, then materialized on this rank's device and initialized."""
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
+        parallelize(model, self.spec.plan(self.model_args), self.dims, self.config)
         model.to_empty(device=self.env.device)
         # Each parameter is drawn from (seed, its name): the weights do not depend on the parallel layout.
         with torch.no_grad():
@@ -94,12 +101,16 @@ class Trainer:
         return inputs.to(self.env.device), labels.to(self.env.device)
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+        # FSDP casts parameters to the compute dtype itself; without it, autocast does.
         autocast = torch.autocast(
-            self.env.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32
+            self.env.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != torch.float32 and not uses_fsdp(self.dims),
         )
-        with autocast:
-            loss = cross_entropy(self.model(inputs), labels) * scale
-        loss.backward()
+        with loss_context(self.loss_parallel):
+            with autocast:
+                loss = cross_entropy(self.model(inputs), labels) * scale
+            loss.backward()
         return loss.detach()
 
     def step(self) -> tuple[float, float, float]:
@@ -108,12 +119,21 @@ class Trainer:
         accumulation = self.layout.accumulation_steps
         loss = sum(self.forward_backward(*self.next_batch(), 1.0 / accumulation) for _ in range(accumulation))
         max_norm = self.config.training.max_norm or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.lr_scheduler.step()
         self.step_count += 1
-        return loss.item(), grad_norm.item(), lr
+        return self._mean_over_data_ranks(loss), grad_norm.item(), lr
+
+    def _mean_over_data_ranks(self, loss: torch.Tensor) -> float:
+        if isinstance(loss, DTensor):  # loss parallel: the same value on every tensor-parallel rank
+            loss = loss.full_tensor()
+        if self.loss_mesh is None:
+            return loss.item()
+        # SUM then divide: gloo has no AVG.
+        torch.distributed.all_reduce(loss, group=self.loss_mesh.get_group())
+        return loss.item() / self.loss_mesh.size()
 
     def train(self) -> list[float]:
         cfg, t = self.config, self.config.training
@@ -125,7 +145,9 @@ class Trainer:
             f"layout {self.layout.describe()}; device {self.env.device}; {t.steps} steps"
         )
         metrics = MetricsLogger(cfg.job.dump_folder, rank=self.env.rank, log_ranks=[0], total_steps=t.steps)
+        # Per device: ranks that share a data-parallel rank's tokens (tp, cp, pp) split its work.
         tokens_per_step = t.local_batch_size * t.seq_len * self.layout.accumulation_steps
+        tokens_per_step /= self.env.world_size // self.dims.dp
         losses = []
         window_start, window_steps = time.perf_counter(), 0
         self.data_seconds = 0.0

@@ -114,6 +114,23 @@ class Parallelism:
 
 
 @dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "selective", "full"] = "none"
+    """Recompute activations in backward instead of keeping them: none, selective, or full (every block)."""
+    selective_ac_option: str = "op"
+    """With mode = "selective": "op" keeps matmul/attention outputs and recomputes the cheap ops in between;
+    an integer N checkpoints every Nth block."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """Compile each repeated block with torch.compile (regional compilation)."""
+    backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    """torch.compile backend (inductor generates kernels; aot_eager only traces, for debugging)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Steps between metric lines (the first and last step are always logged)."""
@@ -127,4 +144,6 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
     metrics: Metrics = field(default_factory=Metrics)

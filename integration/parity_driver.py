@@ -1,0 +1,88 @@
+"""Runs a few training steps of the real Trainer and saves what a parity test compares.
+
+    torchrun --nproc_per_node N parity_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
+
+Saves (rank 0): the per-step losses, the grad norm, and every parameter's full gradient after step 1.
+`--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
+accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W.
+"""
+
+import itertools
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from titan_train.config import load_config, parse_argv
+from titan_train.data import build_dataloader
+from titan_train.distributed import init_distributed, shutdown_distributed
+from titan_train.train import Trainer
+
+WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    for part in WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        if isinstance(grad, DTensor):
+            grad = grad.full_tensor()
+        grads[clean_name(name)] = grad.detach().cpu().clone()
+    return grads
+
+
+def emulated_dp_batches(trainer: Trainer, world: int):
+    t = trainer.config.training
+    loaders = [
+        iter(
+            build_dataloader(
+                dataset=t.dataset,
+                dataset_path=t.dataset_path,
+                tokenizer=trainer.tokenizer,
+                seq_len=t.seq_len,
+                local_batch_size=t.local_batch_size,
+                dp_rank=k,
+                dp_world_size=world,
+                seed=t.seed,
+            )
+        )
+        for k in range(world)
+    ]
+    for k in itertools.cycle(range(world)):
+        yield next(loaders[k])
+
+
+def main(argv: list[str]) -> None:
+    out, rest = argv[0], argv[1:]
+    emulate = 1
+    if rest[:1] == ["--emulate-dp"]:
+        emulate, rest = int(rest[1]), rest[2:]
+    config = load_config(parse_argv(rest))
+    if emulate > 1:
+        config.training.global_batch_size = config.training.local_batch_size * emulate
+    env = init_distributed()
+    try:
+        trainer = Trainer(config, env)
+        if emulate > 1:
+            trainer.data_iter = emulated_dp_batches(trainer, emulate)
+        losses, norms, grads = [], [], None
+        for step in range(config.training.steps):
+            loss, grad_norm, _ = trainer.step()
+            losses.append(loss)
+            norms.append(grad_norm)
+            if step == 0:
+                grads = full_grads(trainer.model)
+        if env.rank == 0:
+            torch.save({"losses": losses, "grad_norms": norms, "grads": grads}, out)
+    finally:
+        shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

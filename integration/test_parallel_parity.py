@@ -1,0 +1,101 @@
+"""Every parallel layout against the single-process run of the same global batch (CPU/gloo, torchrun).
+
+Reference: one process accumulating the data-parallel ranks' micro-batches (parity_driver --emulate-dp),
+from the same seed (the init is per-parameter seeded, so every layout starts from the same weights).
+Tolerances: float32 losses rtol 1e-5; gradients after step 1 rtol 1e-4 / atol 1e-6 (reductions run in a
+different order); grad norm rtol 1e-4 (a float32 sum over ~10^5 squares).
+bfloat16 compute: losses rtol 2e-2, gradients atol 2e-3 (bf16 keeps ~3 significant digits).
+"""
+
+import functools
+
+import pytest
+import torch
+
+from launch_helpers import run_script
+
+MODEL = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "2",
+         "--training.steps", "5", "--metrics.log_freq", "1000"]  # fmt: skip
+FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
+BF16 = dict(loss_rtol=2e-2, grad_rtol=5e-2, grad_atol=2e-3)
+
+# (id, world size, data-parallel degree, options)
+CASES = [
+    ("fsdp2", 2, 2, []),
+    ("fsdp4_ac_full", 4, 4, ["--activation_checkpoint.mode", "full"]),
+    ("hsdp2x2_ac_op", 4, 4, ["--parallelism.data_parallel_replicate_degree", "2",
+                             "--activation_checkpoint.mode", "selective",
+                             "--activation_checkpoint.selective_ac_option", "op"]),
+    ("ddp2_ac_every2", 2, 2, ["--parallelism.data_parallel_replicate_degree", "2",
+                              "--parallelism.data_parallel_shard_degree", "1",
+                              "--activation_checkpoint.mode", "selective",
+                              "--activation_checkpoint.selective_ac_option", "2"]),
+    ("tp2", 2, 1, ["--parallelism.tensor_parallel_degree", "2"]),
+    ("tp2_no_loss_parallel_ac_full", 2, 1, ["--parallelism.tensor_parallel_degree", "2",
+                                            "--parallelism.enable_loss_parallel", "false",
+                                            "--activation_checkpoint.mode", "full"]),
+    ("fsdp2_tp2_ac_op", 4, 2, ["--parallelism.tensor_parallel_degree", "2",
+                               "--activation_checkpoint.mode", "selective"]),
+    ("fsdp2_compile", 2, 2, ["--compile.enable", "true"]),
+]  # fmt: skip
+# TP 2 + compile is added back once the compiled TP backward is fixed (a plain-tensor gradient reaches a
+# DTensor redistribute at the block boundary under aot_eager/inductor).
+
+
+@functools.cache
+def reference(dp: int, tmp_root: str, bf16: bool) -> dict:
+    out = f"{tmp_root}/reference_dp{dp}_{'bf16' if bf16 else 'fp32'}.pt"
+    extra = ["--training.mixed_precision_param", "bfloat16"] if bf16 else []
+    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *extra,
+                                           "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
+def assert_parity(result: dict, ref: dict, loss_rtol: float, grad_rtol: float, grad_atol: float) -> None:
+    torch.testing.assert_close(result["losses"], ref["losses"], rtol=loss_rtol, atol=0)
+    torch.testing.assert_close(result["grad_norms"][0], ref["grad_norms"][0], rtol=max(grad_rtol, 1e-4), atol=0)
+    assert result["grads"].keys() == ref["grads"].keys()
+    for name, grad in ref["grads"].items():
+        torch.testing.assert_close(result["grads"][name], grad, rtol=grad_rtol, atol=grad_atol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("parity"))
+
+
+@pytest.mark.parametrize("case_id, world, dp, options", CASES, ids=[c[0] for c in CASES])
+def test_layout_matches_single_process(case_id, world, dp, options, tmp_root):
+    out = f"{tmp_root}/{case_id}.pt"
+    proc = run_script("parity_driver.py", [out, *MODEL, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"],
+                      nproc=world)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_parity(torch.load(out), reference(dp, tmp_root, bf16=False), **FP32)
+
+
+def test_fsdp_bfloat16_params_float32_reduce(tmp_root):
+    out = f"{tmp_root}/fsdp2_bf16.pt"
+    proc = run_script("parity_driver.py", [out, *MODEL, "--training.mixed_precision_param", "bfloat16",
+                                           "--job.dump_folder", f"{tmp_root}/bf16"], nproc=2)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result, ref32 = torch.load(out), reference(2, tmp_root, bf16=False)
+    assert_parity(result, ref32, **BF16)
+    assert result["losses"] != ref32["losses"]  # the bf16 path really ran in bf16
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--parallelism.tensor_parallel_degree", "4"],
+         "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2"),
+        (["--parallelism.tensor_parallel_degree", "3"],
+         "world size 4 is not divisible by dp_replicate=1 x cp=1 x tp=3 x pp=1 = 3"),
+        (["--parallelism.data_parallel_shard_degree", "3"],
+         "dp_replicate=1 x dp_shard=3 x cp=1 x tp=1 x pp=1 = 3, but the world size is 4"),
+    ],
+)  # fmt: skip
+def test_unequal_layout_fails_fast(options, message, tmp_root):
+    proc = run_script("parity_driver.py", [f"{tmp_root}/never.pt", *MODEL, *options], nproc=4, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr

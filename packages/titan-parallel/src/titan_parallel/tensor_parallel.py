@@ -1,0 +1,28 @@
+"""Tensor + sequence parallelism from a model's plan, and the loss on vocab-sharded logits."""
+
+import contextlib
+import math
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
+
+
+def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
+    """Raise ValueError unless `tp` divides every size in `divisible` ({"model.n_heads": 16, ...})."""
+    for name, size in divisible.items():
+        if size % tp:
+            common = math.gcd(*divisible.values())
+            options = [d for d in range(1, common + 1) if common % d == 0]
+            listed = ", ".join(str(d) for d in options[:-1]) + (" or " if len(options) > 1 else "") + str(options[-1])
+            raise ValueError(f"parallelism.tensor_parallel_degree={tp} does not divide {name}={size}; use {listed}")
+
+
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> nn.Module:
+    """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel())."""
+    return parallelize_module(model, mesh, plan)
+
+
+def loss_context(enabled: bool):
+    """Where the loss and its backward run: `loss_parallel()` when the output layer leaves logits sharded."""
+    return loss_parallel() if enabled else contextlib.nullcontext()

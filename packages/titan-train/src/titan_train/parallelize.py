@@ -1,0 +1,44 @@
+"""Apply the run's parallelisms to a model built on the meta device, in the fixed order TP -> AC -> compile
+-> data parallel (FSDP/HSDP or DDP), from the model's plan. Weights are materialized afterwards."""
+
+import logging
+
+import torch
+import torch.nn as nn
+
+from titan_parallel import ParallelDims, apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
+from titan_train.config import JobConfig
+
+logger = logging.getLogger("titan")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parallelize(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -> nn.Module:
+    p, t = config.parallelism, config.training
+    loss_parallel = dims.tp > 1 and p.enable_loss_parallel
+    if dims.tp > 1:
+        apply_tp(model, dims.submesh("tp"), plan.tp_plan(loss_parallel=loss_parallel))
+    ac = config.activation_checkpoint
+    if ac.mode != "none":
+        apply_ac(model, plan.block_fqns, ac.mode, ac.selective_ac_option)
+    if config.compile.enable:
+        apply_compile(model, plan.block_fqns, backend=config.compile.backend)
+    if uses_fsdp(dims):
+        apply_fsdp(
+            model,
+            plan.block_fqns,
+            dims.fsdp_mesh(),
+            param_dtype=DTYPES[t.mixed_precision_param],
+            reduce_dtype=DTYPES[t.mixed_precision_reduce],
+            reshard_after_forward=p.fsdp_reshard_after_forward,
+            pp_enabled=dims.pp > 1,
+        )
+    elif dims.dp_replicate > 1:
+        apply_ddp(model, dims.submesh("dp_replicate"), compiled=config.compile.enable)
+    return model
+
+
+def uses_fsdp(dims: ParallelDims) -> bool:
+    """FSDP casts parameters to the compute dtype itself; everywhere else autocast does."""
+    return dims.degree("dp_shard_cp") > 1
