@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
     config = load_config(parse_argv(rest))
     if emulate > 1:
         config.training.global_batch_size = config.training.local_batch_size * emulate
-    env = init_distributed()
+    env = init_distributed(config)
     try:
         trainer = Trainer(config, env)
         if emulate > 1:

@@ -84,18 +84,9 @@ def test_fsdp_bfloat16_params_float32_reduce(tmp_root):
     assert result["losses"] != ref32["losses"]  # the bf16 path really ran in bf16
 
 
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        (["--parallelism.tensor_parallel_degree", "4"],
-         "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2"),
-        (["--parallelism.tensor_parallel_degree", "3"],
-         "world size 4 is not divisible by dp_replicate=1 x cp=1 x tp=3 x pp=1 = 3"),
-        (["--parallelism.data_parallel_shard_degree", "3"],
-         "dp_replicate=1 x dp_shard=3 x cp=1 x tp=1 x pp=1 = 3, but the world size is 4"),
-    ],
-)  # fmt: skip
-def test_unequal_layout_fails_fast(options, message, tmp_root):
+def test_unequal_layout_fails_fast(tmp_root):
+    """Launched as users launch it; the other layout errors are unit-tested in titan-train's test_config."""
+    options = ["--parallelism.tensor_parallel_degree", "4"]
     proc = run_script("parity_driver.py", [f"{tmp_root}/never.pt", *MODEL, *options], nproc=4, timeout=120)
     assert proc.returncode != 0
-    assert message in proc.stderr
+    assert "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2" in proc.stderr

@@ -147,6 +147,24 @@ def test_global_batch_must_be_a_multiple():
     )
 
 
+@pytest.mark.parametrize(
+    "options, world, message",
+    [
+        (["--parallelism.tensor_parallel_degree", "3"], 4,
+         "world size 4 is not divisible by dp_replicate=1 x cp=1 x tp=3 x pp=1 = 3"),
+        (["--parallelism.data_parallel_shard_degree", "3"], 4,
+         "dp_replicate=1 x dp_shard=3 x cp=1 x tp=1 x pp=1 = 3, but the world size is 4"),
+        (["--parallelism.tensor_parallel_degree", "4", "--model.flavor", "tiny"], 4,
+         "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2"),
+        (["--parallelism.tensor_parallel_degree", "3", "--model.flavor", "debug"], 3,
+         "parallelism.tensor_parallel_degree=3 does not divide model.n_heads=16; use 1, 2, 4, 8 or 16"),
+    ],
+)  # fmt: skip
+def test_unequal_layouts_fail_before_any_process_group(options, world, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_layout(cli(*options), world_size=world)
+
+
 def test_layout_product_must_match_world_size():
     with pytest.raises(ConfigError, match="parallelism: .* the world size is 1"):
         resolve_layout(

@@ -20,7 +20,8 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
         "1000",
         *overrides,
     ]
-    return Trainer(load_config(parse_argv(argv)), init_distributed())
+    config = load_config(parse_argv(argv))
+    return Trainer(config, init_distributed(config))
 
 
 def test_debug_model_loss_drops_within_30_steps(tmp_path):
@@ -75,3 +76,50 @@ def test_metrics_file_has_one_record_per_logged_step(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 4]
     assert {"step", "loss", "grad_norm", "lr", "tps", "mfu", "memory"} <= records[0].keys()
+
+
+def _nan_output_once(model, at_call: int):
+    """Make the model's logits NaN on its `at_call`-th forward (1-based)."""
+    calls = {"n": 0}
+
+    def hook(module, args, output):
+        calls["n"] += 1
+        return output * float("nan") if calls["n"] == at_call else output
+
+    return model.output.register_forward_hook(hook)
+
+
+def test_nan_loss_stops_before_the_update_naming_the_step(tmp_path):
+    from titan_debug import NonFiniteError
+
+    t = trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "5")
+    _nan_output_once(t.model, at_call=3)
+    before = {}
+    with pytest.raises(NonFiniteError, match=r"step 3: loss=nan.*debug.nan_policy='stop'"):
+        for step in range(1, 6):
+            if step == 3:
+                before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+            t.step()
+    for name, param in t.model.named_parameters():
+        assert torch.equal(param, before[name]), f"{name} was updated by the NaN step"
+
+
+def test_nan_policy_skip_leaves_the_weights_and_goes_on(tmp_path):
+    t = trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "4", "--debug.nan_policy", "skip")
+    _nan_output_once(t.model, at_call=2)
+    t.step()
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    loss, _, _ = t.step()
+    assert loss != loss  # NaN
+    assert all(torch.equal(p, before[n]) for n, p in t.model.named_parameters())
+    loss, _, _ = t.step()
+    assert loss == loss and t.step_count == 3
+
+
+def test_tensorboard_and_profiler_write_where_documented(tmp_path):
+    trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "4", "--metrics.log_freq", "2",
+            "--metrics.enable_tensorboard", "true", "--profiling.enable_profiling", "true",
+            "--profiling.profile_freq", "2", "--profiling.profile_warmup", "1").train()  # fmt: skip
+    assert list((tmp_path / "tb" / "titan" / "rank0").glob("events.out.tfevents.*"))
+    traces = sorted(p.parent.name for p in (tmp_path / "profile_traces").glob("iteration_*/rank0_trace.json"))
+    assert traces == ["iteration_2", "iteration_4"]

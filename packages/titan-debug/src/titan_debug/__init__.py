@@ -1,31 +1,61 @@
-"""titan-debug: what a training run reports about itself.
+"""titan-debug: what a training run reports about itself, and what it leaves behind when it fails.
 
-Here now:
-    MetricsLogger   one readable console line + one JSONL record per logged step (metrics.py)
-    Throughput      tokens/s per device and data-wait fraction between log steps (throughput.py)
-    peak_flops      device peak FLOP/s: datasheet table on GPUs, cached matmul probe on CPU (peak_flops.py)
-    mfu, tflops     model FLOPs utilization from tokens/s and FLOPs/token (mfu.py)
-    memory_stats    peak memory in GiB and allocator retries, any device (memory.py)
-
-Later: TensorBoard writer, profiler (torch.profiler traces), CUDA memory snapshots, NCCL flight recorder,
-determinism switches, NaN/inf guard.
+Metrics (a console line, metrics.jsonl and TensorBoard scalars per logged step):
+    MetricsLogger              the three sinks (metrics.py, tensorboard.py)
+    Throughput                 tokens/s per device and data-wait fraction between log steps (throughput.py)
+    peak_flops                 device peak FLOP/s: datasheet on GPUs, cached matmul probe on CPU (peak_flops.py)
+    mfu, tflops                model FLOPs utilization from tokens/s and FLOPs/token (mfu.py)
+    memory_stats               peak memory in GiB and allocator retries, any device (memory.py)
+Traces:
+    Profiler                   torch.profiler traces every N steps (profiling.py)
+    MemorySnapshotter          CUDA allocator snapshots every N steps and on OOM (profiling.py)
+Hangs:
+    flight_recorder_env        env making torch record collectives and dump them on timeout (flight_recorder.py)
+    dump_on_comm_error         dump the recorder when a collective fails, e.g. a gloo timeout (flight_recorder.py)
+    summarize_flight_recorder  per-rank last collectives, mismatches, ranks behind (flight_recorder_summary.py)
+    set_collective_timeout     switch from the init timeout to the training timeout (comm_timeouts.py)
+Reproducibility:
+    seed_everything            seeds for python, numpy, torch; deterministic algorithms (determinism.py)
+    check_finite               NaN/inf guard on loss and grad norm: stop or skip (nan_guard.py)
+    compare_losses             per-step loss difference of two runs, first divergence (loss_compare.py)
 """
 
+from titan_debug.comm_timeouts import set_collective_timeout
+from titan_debug.determinism import seed_everything
+from titan_debug.flight_recorder import dump_flight_recorder, dump_on_comm_error, flight_recorder_env
+from titan_debug.flight_recorder_summary import load_flight_recorder, summarize_flight_recorder
+from titan_debug.loss_compare import Report, compare_losses, read_metrics
 from titan_debug.memory import memory_stats, reset_peak_memory_stats
 from titan_debug.metrics import MetricsLogger
 from titan_debug.mfu import mfu, tflops
+from titan_debug.nan_guard import NonFiniteError, check_finite
 from titan_debug.peak_flops import peak_flops
+from titan_debug.profiling import MemorySnapshotter, Profiler
 from titan_debug.throughput import Throughput, ThroughputWindow
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MemorySnapshotter",
     "MetricsLogger",
+    "NonFiniteError",
+    "Profiler",
+    "Report",
     "Throughput",
     "ThroughputWindow",
+    "check_finite",
+    "compare_losses",
+    "dump_flight_recorder",
+    "dump_on_comm_error",
+    "flight_recorder_env",
+    "load_flight_recorder",
     "memory_stats",
     "mfu",
     "peak_flops",
+    "read_metrics",
     "reset_peak_memory_stats",
+    "seed_everything",
+    "set_collective_timeout",
+    "summarize_flight_recorder",
     "tflops",
 ]

@@ -4,6 +4,9 @@ Console (through the ``logging`` logger "titan", at INFO, on the ranks in ``log_
 
   step   12/50  [##........] 24%  loss 5.1234  grad_norm 1.234  lr 3.0e-04  tps 12,345  mfu 12.3%  mem 1.23GiB
 
+TensorBoard (optional, on the ranks in ``log_ranks``): every finite number of the record as a scalar at
+``step``, in ``<tensorboard_dir>/rank<R>`` (see tensorboard.py; titan-train passes ``<dump_folder>/tb/<run>``).
+
 JSONL (``<dump_folder>/metrics.jsonl``, rank 0 only for now), one object per logged step:
 
     {"step": 12, "time": 1.7e9, "loss": 5.1234, "grad_norm": 1.234, "lr": 0.0003, "tps": 12345.0,
@@ -30,6 +33,8 @@ from typing import Any
 
 import torch
 
+from titan_debug.tensorboard import TensorBoardWriter
+
 logger = logging.getLogger("titan")
 
 SCHEMA_KEYS = ("loss", "grad_norm", "lr", "tps", "mfu", "memory")
@@ -38,10 +43,11 @@ _BAR_WIDTH = 10
 
 
 class MetricsLogger:
-    """Logs one record per step to the console (``log_ranks``) and to ``metrics.jsonl`` (rank 0).
+    """Logs one record per step to the console and TensorBoard (``log_ranks``) and to ``metrics.jsonl`` (rank 0).
 
-    ``dump_folder=None`` disables the file. ``total_steps`` (if known) adds ``/total``, a progress bar and
-    a percentage to the console line. Other ranks may call ``log`` too; it does nothing for them.
+    ``dump_folder=None`` disables the file; ``tensorboard_dir=None`` (the default) disables TensorBoard.
+    ``total_steps`` (if known) adds ``/total``, a progress bar and a percentage to the console line. Other
+    ranks may call ``log`` too; it does nothing for them.
     """
 
     def __init__(
@@ -51,6 +57,7 @@ class MetricsLogger:
         log_ranks: Sequence[int] = (0,),
         total_steps: int | None = None,
         jsonl_name: str = "metrics.jsonl",
+        tensorboard_dir: str | Path | None = None,
     ) -> None:
         self.rank = rank
         self.total_steps = total_steps
@@ -64,14 +71,17 @@ class MetricsLogger:
             # A run killed mid-write leaves a partial last line; start ours on a fresh one.
             if self._file.tell() > 0 and not _ends_with_newline(self.path):
                 self._file.write("\n")
+        self._tensorboard = TensorBoardWriter(tensorboard_dir, rank) if tensorboard_dir and self._prints else None
 
     def log(self, step: int, record: Mapping[str, Any]) -> None:
-        """Print the step's line (on logging ranks) and append it to the JSONL file (on rank 0)."""
+        """Print the step's line and write its scalars (on logging ranks); append it to the JSONL file (rank 0)."""
         if not self._prints and self._file is None:
             return
         values = {key: _to_plain(value) for key, value in record.items()}
         if self._prints:
             logger.info(self.format_line(step, values))
+        if self._tensorboard is not None:
+            self._tensorboard.write(step, values)
         if self._file is not None:
             row: dict[str, Any] = {"step": int(step), "time": time.time()}
             for key in SCHEMA_KEYS:
@@ -101,6 +111,9 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -96,6 +96,14 @@ class ParallelDims:
         mesh = self.submesh(name)
         return mesh.get_local_rank() if mesh is not None else 0
 
+    def all_groups(self) -> list:
+        """The process groups of every mesh dimension and flattened view (to set their timeouts)."""
+        if self.mesh is None:
+            return []
+        names = [n for n in MESH_DIMS if getattr(self, n) > 1]
+        names += [flat for flat, parts in FLATTENED.items() if sum(getattr(self, p) > 1 for p in parts) > 1]
+        return [self.mesh[name].get_group() for name in names]
+
     def describe(self) -> str:
         parts = [f"{k} {getattr(self, k)}" for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")]
         return f"world {self.world_size} = " + " x ".join(parts)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from titan_debug import flight_recorder_env
 from titan_parallel import device_module, device_type, distributed_backend
+from titan_train.config import JobConfig
 
 
 @dataclass
@@ -22,8 +24,13 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_distributed(init_timeout_seconds: int = 300) -> RunEnv:
-    """Join torchrun's process group when launched by it; pick this rank's device."""
+def init_distributed(config: JobConfig | None = None) -> RunEnv:
+    """Join torchrun's process group when launched by it; pick this rank's device.
+
+    The flight recorder is configured first (torch reads its settings when the group is created), and the
+    group starts with the generous init timeout; the trainer shortens it once the first step is done.
+    """
+    init_timeout_seconds = config.comm.init_timeout_seconds if config else 300
     kind = device_type()
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -34,6 +41,8 @@ def init_distributed(init_timeout_seconds: int = 300) -> RunEnv:
         device = torch.device(kind, local_rank)
         device_module(kind).set_device(device)
     if "RANK" in os.environ and not dist.is_initialized():
+        if config is not None:
+            os.environ.update(flight_recorder_env(config.comm.trace_buf_size, config.job.dump_folder))
         dist.init_process_group(
             backend=distributed_backend(kind),
             timeout=datetime.timedelta(seconds=init_timeout_seconds),

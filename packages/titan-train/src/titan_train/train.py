@@ -3,14 +3,25 @@
 import dataclasses
 import logging
 import math
-import os
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from titan_debug import MetricsLogger, memory_stats, mfu, peak_flops
+from titan_debug import (
+    MemorySnapshotter,
+    MetricsLogger,
+    Profiler,
+    Throughput,
+    check_finite,
+    dump_on_comm_error,
+    memory_stats,
+    mfu,
+    peak_flops,
+    seed_everything,
+    set_collective_timeout,
+    tflops,
+)
 from titan_models import get_model_spec
 from titan_parallel import clip_grad_norm_, loss_context
 from titan_train.config import ConfigError, JobConfig
@@ -22,15 +33,6 @@ from titan_train.parallelize import DTYPES, parallelize, uses_fsdp
 from titan_train.tokenizer import load_tokenizer
 
 logger = logging.getLogger("titan")
-
-
-def set_determinism(seed: int, deterministic: bool) -> None:
-    torch.manual_seed(seed)
-    if deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; harmless elsewhere.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,8 @@ class Trainer:
         self.layout = resolve_layout(config, env.world_size)
         self.dims = self.layout.dims
         self.dims.build_mesh(env.device.type)
-        set_determinism(t.seed, t.deterministic)
+        # Same seed on every rank but pipeline stages: DTensor random ops need it the same across dp/tp/cp.
+        seed_everything(t.seed, rank_offset=self.dims.local_rank("pp"), deterministic=t.deterministic)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec = get_model_spec(config.model.name)
         self.model_args = self._model_args(self.tokenizer.vocab_size)
@@ -70,7 +73,10 @@ class Trainer:
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
-        self.data_seconds = 0.0
+        self.throughput = Throughput()
+        # Tokens per device per step: ranks sharing a data-parallel rank's tokens (tp, cp, pp) split its work.
+        tokens = t.local_batch_size * t.seq_len * self.layout.accumulation_steps
+        self.tokens_per_step = tokens * self.dims.dp / env.world_size
 
     def _model_args(self, vocab_needed: int):
         cfg = self.config
@@ -95,9 +101,8 @@ class Trainer:
         return model
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        inputs, labels = next(self.data_iter)
-        self.data_seconds += time.perf_counter() - start
+        with self.throughput.data_wait():
+            inputs, labels = next(self.data_iter)
         return inputs.to(self.env.device), labels.to(self.env.device)
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
@@ -114,17 +119,24 @@ class Trainer:
         return loss.detach()
 
     def step(self) -> tuple[float, float, float]:
-        """One optimizer step over `accumulation_steps` micro-batches: (loss, grad_norm, lr used)."""
+        """One optimizer step over `accumulation_steps` micro-batches: (loss, grad_norm, lr used).
+
+        A non-finite loss or grad norm stops the run before the update (debug.nan_policy = "stop") or
+        skips the update ("skip").
+        """
         self.optimizer.zero_grad(set_to_none=True)
         accumulation = self.layout.accumulation_steps
         loss = sum(self.forward_backward(*self.next_batch(), 1.0 / accumulation) for _ in range(accumulation))
         max_norm = self.config.training.max_norm or math.inf
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm).item()
+        loss = self._mean_over_data_ranks(loss)
         lr = self.lr_scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.lr_scheduler.step()
         self.step_count += 1
-        return self._mean_over_data_ranks(loss), grad_norm.item(), lr
+        if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
+            self.optimizer.step()
+        self.lr_scheduler.step()
+        self.throughput.add_tokens(self.tokens_per_step)
+        return loss, grad_norm, lr
 
     def _mean_over_data_ranks(self, loss: torch.Tensor) -> float:
         if isinstance(loss, DTensor):  # loss parallel: the same value on every tensor-parallel rank
@@ -137,45 +149,56 @@ class Trainer:
 
     def train(self) -> list[float]:
         cfg, t = self.config, self.config.training
+        dump, rank, device = cfg.job.dump_folder, self.env.rank, self.env.device
         flops_per_token = self.spec.flops_per_token(self.model_args, t.seq_len)
-        peak = peak_flops(self.env.device, self.compute_dtype)
+        peak = peak_flops(device, self.compute_dtype)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info(
             f"model {cfg.model.name}/{cfg.model.flavor}: {n_params:,} parameters; "
-            f"layout {self.layout.describe()}; device {self.env.device}; {t.steps} steps"
+            f"layout {self.layout.describe()}; device {device}; {t.steps} steps"
         )
-        metrics = MetricsLogger(cfg.job.dump_folder, rank=self.env.rank, log_ranks=[0], total_steps=t.steps)
-        # Per device: ranks that share a data-parallel rank's tokens (tp, cp, pp) split its work.
-        tokens_per_step = t.local_batch_size * t.seq_len * self.layout.accumulation_steps
-        tokens_per_step /= self.env.world_size // self.dims.dp
+        tb_dir = f"{dump}/tb/{cfg.job.name}" if cfg.metrics.enable_tensorboard else None
+        metrics = MetricsLogger(
+            dump, rank=rank, log_ranks=cfg.metrics.ranks, total_steps=t.steps, tensorboard_dir=tb_dir
+        )
+        prof = cfg.profiling
+        profiler = Profiler(
+            dump, prof.enable_profiling, prof.profile_freq, rank, device,
+            warmup=prof.profile_warmup, active=prof.profile_active, start_step=self.step_count,
+        )  # fmt: skip
+        snapshots = MemorySnapshotter(
+            dump, prof.enable_memory_snapshot, prof.memory_snapshot_freq, rank, device, start_step=self.step_count
+        )
         losses = []
-        window_start, window_steps = time.perf_counter(), 0
-        self.data_seconds = 0.0
+        self.throughput.reset()
         try:
-            while self.step_count < t.steps:
-                loss, grad_norm, lr = self.step()
-                losses.append(loss)
-                window_steps += 1
-                step = self.step_count
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss} at step {step}; stopping the run")
-                if step == 1 or step % cfg.metrics.log_freq == 0 or step == t.steps:
-                    elapsed = time.perf_counter() - window_start
-                    tps = window_steps * tokens_per_step / elapsed
-                    metrics.log(
-                        step,
-                        {
+            with dump_on_comm_error(dump, rank), profiler:
+                while self.step_count < t.steps:
+                    try:
+                        loss, grad_norm, lr = self.step()
+                    except torch.OutOfMemoryError:
+                        snapshots.on_oom()
+                        raise
+                    losses.append(loss)
+                    step = self.step_count
+                    if step == 1 and torch.distributed.is_initialized():
+                        # Init and compile are done: from here on a hang should fail fast.
+                        set_collective_timeout(cfg.comm.train_timeout_seconds, self.dims.all_groups())
+                    if step == 1 or step % cfg.metrics.log_freq == 0 or step == t.steps:
+                        window = self.throughput.lap()
+                        metrics.log(step, {
                             "loss": loss,
                             "grad_norm": grad_norm,
                             "lr": lr,
-                            "tps": tps,
-                            "mfu": mfu(tps, flops_per_token, peak),
-                            "memory": memory_stats(self.env.device)["peak_gib"],
-                            "data_time_frac": self.data_seconds / elapsed,
-                        },
-                    )
-                    window_start, window_steps = time.perf_counter(), 0
-                    self.data_seconds = 0.0
+                            "tps": window.tokens_per_second,
+                            "tps_total": window.tokens_per_second * self.env.world_size,
+                            "tflops": tflops(window.tokens_per_second, flops_per_token),
+                            "mfu": mfu(window.tokens_per_second, flops_per_token, peak),
+                            "memory": memory_stats(device)["peak_gib"],
+                            "data_time_frac": window.data_time_frac,
+                        })  # fmt: skip
+                    profiler.step()
+                    snapshots.step()
         finally:
             metrics.close()
         return losses
@@ -183,7 +206,7 @@ class Trainer:
 
 def train(config: JobConfig) -> list[float]:
     """Run the training the config describes; returns the per-step losses."""
-    env = init_distributed()
+    env = init_distributed(config)
     try:
         return Trainer(config, env).train()
     finally:

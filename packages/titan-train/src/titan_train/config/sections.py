@@ -134,6 +134,46 @@ class Compile:
 class Metrics:
     log_freq: int = 10
     """Steps between metric lines (the first and last step are always logged)."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Ranks that print the metric line (and write TensorBoard events); metrics.jsonl is written by rank 0."""
+    enable_tensorboard: bool = False
+    """Write every logged metric as a TensorBoard scalar under <dump_folder>/tb/<job.name>/rank<R>
+    (view with: tensorboard --logdir <dump_folder>/tb)."""
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Write torch.profiler traces to <dump_folder>/profile_traces/iteration_<N>/rank<R>_trace.json."""
+    profile_freq: int = 10
+    """Steps between traces; each trace holds the profile_active steps ending at a multiple of this."""
+    profile_warmup: int = 3
+    """Steps before each traced window that warm the profiler up (profile_warmup + profile_active <= profile_freq)."""
+    profile_active: int = 1
+    """Steps recorded per trace."""
+    enable_memory_snapshot: bool = False
+    """Dump the CUDA allocator history to <dump_folder>/memory_snapshot/ every memory_snapshot_freq steps and on
+    out-of-memory (CUDA only; elsewhere it warns and does nothing)."""
+    memory_snapshot_freq: int = 10
+    """Steps between memory snapshots."""
+
+
+@dataclass
+class Comm:
+    init_timeout_seconds: int = 300
+    """Collective timeout until the first step completes (init, checkpoint load, compile)."""
+    train_timeout_seconds: int = 100
+    """Collective timeout from the second step on: how long a hang lasts before the run fails and dumps."""
+    trace_buf_size: int = 20000
+    """Collectives the flight recorder keeps per rank (0 = off); dumped to <dump_folder>/comm_traces when a
+    collective fails or times out (summarize with tools/flight_recorder_summary.py)."""
+
+
+@dataclass
+class Debug:
+    nan_policy: Literal["stop", "skip"] = "stop"
+    """On a NaN/inf loss or grad norm: stop the run before the optimizer step (no checkpoint is written for
+    that step or later), or skip that step's update and continue."""
 
 
 @dataclass
@@ -147,3 +187,6 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
+    comm: Comm = field(default_factory=Comm)
+    debug: Debug = field(default_factory=Debug)

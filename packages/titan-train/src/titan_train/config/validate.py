@@ -32,6 +32,18 @@ def validate(config: JobConfig) -> None:
     _require(0 <= s.decay_ratio <= 1, f"lr_scheduler.decay_ratio={s.decay_ratio} must be in [0, 1]")
     _require(0 <= s.min_lr_factor <= 1, f"lr_scheduler.min_lr_factor={s.min_lr_factor} must be in [0, 1]")
     _require(config.metrics.log_freq >= 1, f"metrics.log_freq={config.metrics.log_freq} must be >= 1")
+    _require(all(r >= 0 for r in config.metrics.ranks), f"metrics.ranks={config.metrics.ranks} must be ranks >= 0")
+    prof = config.profiling
+    for name in ("profile_freq", "profile_active", "memory_snapshot_freq"):
+        _require(getattr(prof, name) >= 1, f"profiling.{name}={getattr(prof, name)} must be >= 1")
+    _require(
+        prof.profile_warmup >= 0 and prof.profile_warmup + prof.profile_active <= prof.profile_freq,
+        f"profiling.profile_warmup={prof.profile_warmup} + profiling.profile_active={prof.profile_active} must be "
+        f"<= profiling.profile_freq={prof.profile_freq} (warmup >= 0)",
+    )
+    for name in ("init_timeout_seconds", "train_timeout_seconds"):
+        _require(getattr(config.comm, name) > 0, f"comm.{name}={getattr(config.comm, name)} must be > 0")
+    _require(config.comm.trace_buf_size >= 0, f"comm.trace_buf_size={config.comm.trace_buf_size} must be >= 0")
     for name in (
         "data_parallel_replicate_degree",
         "tensor_parallel_degree",

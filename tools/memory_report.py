@@ -1,0 +1,64 @@
+"""Per-rank bytes of parameters, gradients and optimizer state for a parallel layout, measured from the
+live tensors after one training step (a DTensor counts its local shard only), so FSDP's 1/N shows.
+
+    torchrun --nproc_per_node 2 tools/memory_report.py --config configs/debug_model.toml
+    python tools/memory_report.py --config configs/debug_model.toml          # one process
+
+Takes the same options as titan-train.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from titan_train.config import load_config, parse_argv
+from titan_train.distributed import init_distributed, shutdown_distributed
+from titan_train.train import Trainer
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    if t is None:
+        return 0
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def measure(trainer: Trainer) -> dict[str, int]:
+    params = list(trainer.model.parameters())
+    state = trainer.optimizer.state.values()
+    return {
+        "params": sum(local_bytes(p) for p in params),
+        "grads": sum(local_bytes(p.grad) for p in params),
+        "optimizer": sum(local_bytes(v) for s in state for v in s.values() if isinstance(v, torch.Tensor)),
+    }
+
+
+def main(argv: list[str]) -> None:
+    config = load_config(parse_argv([*argv, "--training.steps", "1", "--metrics.log_freq", "1000"]))
+    env = init_distributed(config)
+    try:
+        trainer = Trainer(config, env)
+        trainer.step()  # gradients and optimizer state exist only after a step
+        mine = measure(trainer)
+        rows = [None] * env.world_size if dist.is_initialized() else [mine]
+        if dist.is_initialized():
+            dist.all_gather_object(rows, mine)
+        if env.rank == 0:
+            mib = 2**20
+            print(f"layout: {trainer.layout.describe()}")
+            print(f"{'rank':>4}  {'params MiB':>10}  {'grads MiB':>10}  {'optimizer MiB':>13}  {'total MiB':>10}")
+            for rank, r in enumerate(rows):
+                total = sum(r.values())
+                print(
+                    f"{rank:>4}  {r['params'] / mib:>10.2f}  {r['grads'] / mib:>10.2f}  "
+                    f"{r['optimizer'] / mib:>13.2f}  {total / mib:>10.2f}"
+                )
+    finally:
+        shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
