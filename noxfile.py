@@ -54,8 +54,9 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    """The trainer launched as users launch it (torchrun, CPU/gloo)."""
+    """The trainer launched as users launch it (torchrun, CPU/gloo); transformers checks the HF export."""
     _install(session, *PACKAGES)
+    session.install("-c", CONSTRAINTS, "transformers")
     _pytest(session, str(ROOT / "integration"), "-m", "not slow and not gpu")
 
 

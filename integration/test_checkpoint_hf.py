@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Single-process saves pass no_dist=True on purpose; DCP warns about it on every call.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+# The integration session installs transformers; a developer venv without it skips, saying so.
 transformers = pytest.importorskip("transformers")
 titan_models = pytest.importorskip("titan_models")
 

@@ -36,10 +36,10 @@ CASES = [
                                             "--activation_checkpoint.mode", "full"]),
     ("fsdp2_tp2_ac_op", 4, 2, ["--parallelism.tensor_parallel_degree", "2",
                                "--activation_checkpoint.mode", "selective"]),
-    ("fsdp2_compile", 2, 2, ["--compile.enable", "true"]),
+    ("fsdp2_compile_ac_full", 2, 2, ["--compile.enable", "true", "--activation_checkpoint.mode", "full"]),
+    ("tp2_compile_ac_op", 2, 1, ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "true",
+                                 "--activation_checkpoint.mode", "selective"]),
 ]  # fmt: skip
-# TP 2 + compile is added back once the compiled TP backward is fixed (a plain-tensor gradient reaches a
-# DTensor redistribute at the block boundary under aot_eager/inductor).
 
 
 @functools.cache

@@ -165,6 +165,16 @@ def test_unequal_layouts_fail_before_any_process_group(options, world, message):
         resolve_layout(cli(*options), world_size=world)
 
 
+@pytest.mark.parametrize("ac", [["full"], ["selective", "--activation_checkpoint.selective_ac_option", "2"]])
+def test_whole_block_ac_with_tp_and_compile_is_refused_with_the_workaround(ac):
+    config = cli("--parallelism.tensor_parallel_degree", "2", "--compile.enable", "true",
+                 "--activation_checkpoint.mode", *ac)  # fmt: skip
+    with pytest.raises(ConfigError, match="use activation_checkpoint.mode='selective' with selective_ac_option='op'"):
+        resolve_layout(config, world_size=2)
+    config.activation_checkpoint.mode, config.activation_checkpoint.selective_ac_option = "selective", "op"
+    assert resolve_layout(config, world_size=2).dims.tp == 2
+
+
 def test_layout_product_must_match_world_size():
     with pytest.raises(ConfigError, match="parallelism: .* the world size is 1"):
         resolve_layout(

@@ -1,3 +1,47 @@
-"""DCP checkpoint manager and DCP <-> safetensors (Hugging Face layout) export/import."""
+"""DCP checkpoint manager and DCP <-> safetensors (Hugging Face layout) export/import.
+
+Typical use (titan-train does this; every rank runs it)::
+
+    states = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer),
+              "lr_scheduler": lr_scheduler, "dataloader": RankLocal(dataloader, dp_rank),
+              "train_state": train_state}
+    manager = CheckpointManager(folder, states, CheckpointConfig(interval=100),
+                                fingerprint={"name": "llama3", "flavor": "debug", "args": asdict(args)})
+    start = manager.load()                    # latest complete checkpoint, or initial weights, or 0
+    for step in range(start + 1, steps + 1):
+        ...
+        manager.save(step, last=step == steps)
+    manager.close()
+"""
+
+from titan_checkpoint.adapters import find_hf_adapter
+from titan_checkpoint.config import CheckpointConfig
+from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from titan_checkpoint.folder import complete_steps, latest_step, read_meta
+from titan_checkpoint.hf_export import export_safetensors
+from titan_checkpoint.hf_import import load_hf_into_model, load_hf_safetensors
+from titan_checkpoint.manager import CheckpointManager, save_seed_checkpoint
+from titan_checkpoint.states import ModelState, OptimizerState, RankLocal, RNGState
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointMismatchError",
+    "ModelState",
+    "OptimizerState",
+    "RNGState",
+    "RankLocal",
+    "__version__",
+    "complete_steps",
+    "export_safetensors",
+    "find_hf_adapter",
+    "latest_step",
+    "load_hf_into_model",
+    "load_hf_safetensors",
+    "read_meta",
+    "save_seed_checkpoint",
+]

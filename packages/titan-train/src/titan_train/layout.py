@@ -3,6 +3,8 @@ before any process group exists."""
 
 from dataclasses import dataclass
 
+import torch
+
 from titan_parallel import ParallelDims, check_tp_degree
 from titan_train.config import ConfigError, JobConfig
 
@@ -36,6 +38,15 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     if p.fsdp_implementation != "fsdp2":
         raise ConfigError(
             f"parallelism.fsdp_implementation={p.fsdp_implementation!r} is not supported yet; use 'fsdp2'"
+        )
+    ac = config.activation_checkpoint
+    whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    if whole_block_ac and dims.tp > 1 and config.compile.enable:
+        raise ConfigError(
+            f"activation_checkpoint.mode={ac.mode!r} checkpoints whole blocks, which with tensor parallel and "
+            f"compile.enable=true fails in torch {torch.__version__}'s AOTAutograd (it saves DTensor mesh "
+            "metadata for backward); use activation_checkpoint.mode='selective' with selective_ac_option='op', "
+            "or compile.enable=false"
         )
     if dims.tp > 1:
         from titan_models import get_model_spec

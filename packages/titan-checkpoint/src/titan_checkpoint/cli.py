@@ -1,0 +1,90 @@
+"""titan-checkpoint: export a checkpoint to Hugging Face layout, list a folder's checkpoints, verify one.
+
+titan-checkpoint export CKPT OUT [--model llama3] [--dtype bfloat16] [--max-shard-size 5GB] [--tokenizer PATH]
+titan-checkpoint list FOLDER
+titan-checkpoint verify CKPT
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError
+from titan_checkpoint.folder import read_meta, resolve_checkpoint, step_dir
+from titan_checkpoint.hf_export import export_safetensors
+from titan_checkpoint.storage import read_dcp_metadata, verify_files
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="titan-checkpoint", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    export = commands.add_parser("export", help="write a checkpoint's model in Hugging Face layout")
+    export.add_argument("checkpoint", help="a step-<N> folder, or a checkpoint folder (its latest step)")
+    export.add_argument("out", help="output folder (must be empty or absent, unless --overwrite)")
+    export.add_argument("--model", help="adapter name (entry point in titan.hf_adapters); default: the checkpoint's")
+    export.add_argument("--dtype", default="bfloat16", help="dtype of the written tensors (default: bfloat16)")
+    export.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB, 500MB (default: 5GB)")
+    export.add_argument("--tokenizer", help="tokenizer.json, or a folder of tokenizer files, to copy alongside")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+
+    listing = commands.add_parser("list", help="the complete checkpoints of a folder")
+    listing.add_argument("folder")
+
+    verify = commands.add_parser("verify", help="check every file of a checkpoint against its sizes and CRC-32s")
+    verify.add_argument("checkpoint")
+    return parser
+
+
+def _list(folder: str) -> None:
+    from titan_checkpoint.folder import complete_steps
+
+    steps = complete_steps(folder)
+    if not steps:
+        print(f"{folder}: no complete checkpoint")
+    for step in steps:
+        meta = read_meta(step_dir(folder, step))
+        kind = "model only" if meta.get("model_only") else ", ".join(meta.get("contents", []))
+        print(f"step-{step}\t{meta.get('time', '?')}\tworld_size={meta.get('world_size', '?')}\t{kind}")
+
+
+def _verify(checkpoint: str) -> None:
+    path = resolve_checkpoint(checkpoint)
+    meta = read_meta(path)
+    problems = verify_files(path, read_dcp_metadata(path), meta.get("files"))
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
+    checked = "sizes and CRC-32s" if meta.get("files") else "sizes (no checksums recorded)"
+    print(f"{path}: ok ({checked})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if args.command == "export":
+            out = export_safetensors(
+                args.checkpoint,
+                args.out,
+                model_name=args.model,
+                dtype=args.dtype,
+                max_shard_size=args.max_shard_size,
+                tokenizer=args.tokenizer,
+                overwrite=args.overwrite,
+            )
+            print(f"wrote {Path(out)}")
+        elif args.command == "list":
+            _list(args.folder)
+        else:
+            _verify(args.checkpoint)
+    except (CheckpointError, ValueError) as e:
+        print(f"titan-checkpoint {args.command}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Our DCP checkpoint -> Hugging Face layout: model-0000N-of-0000M.safetensors shards, their index,
+config.json and the tokenizer files, in one dtype.
+
+Streams: the shard plan comes from the DCP metadata alone (names, shapes, dtypes), then each tensor is
+read on its own (`dcp.load` of a one-entry state dict, which reassembles a tensor saved in shards by any
+number of ranks), converted by the adapter and added to the current shard; a shard is written and freed
+as soon as it is full. Peak memory: about one shard plus one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from titan_checkpoint.adapters import adapter_from_fingerprint
+from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from titan_checkpoint.folder import read_meta, resolve_checkpoint
+from titan_checkpoint.hf_import import INDEX_FILE
+from titan_checkpoint.storage import SafeFileSystemReader, SafeLoadPlanner, read_dcp_metadata, verify_files
+
+logger = logging.getLogger("titan.checkpoint")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from 5000000, "5GB" (10**9, as Hugging Face counts) or "4GiB" (2**30)."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", size)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"max_shard_size={size!r}: use a byte count or e.g. '5GB', '500MB', '2GiB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype; use e.g. bfloat16, float16 or float32")
+    return value
+
+
+def model_tensors(metadata: Any) -> list[tuple[str, str, TensorStorageMetadata]]:
+    """(our FQN, DCP key, storage metadata) of every model tensor of a checkpoint, in saved order."""
+    paths = metadata.planner_data or {}
+    entries = []
+    for key, info in metadata.state_dict_metadata.items():
+        path = paths.get(key, tuple(key.split(".", 1)))
+        if isinstance(info, TensorStorageMetadata) and len(path) == 2 and path[0] == "model":
+            entries.append((path[1], key, info))
+    return entries
+
+
+def _read_tensor(reader: SafeFileSystemReader, key: str, info: TensorStorageMetadata) -> torch.Tensor:
+    tensor = torch.empty(info.size, dtype=info.properties.dtype)
+    dcp.load({key: tensor}, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    return tensor
+
+
+def _copy_tokenizer(source: str | os.PathLike, out: Path) -> None:
+    source = Path(source)
+    if source.is_file():
+        files = {("tokenizer.model" if source.suffix == ".model" else "tokenizer.json"): source}
+    else:
+        files = {name: source / name for name in TOKENIZER_FILES if (source / name).is_file()}
+    if not files:
+        raise CheckpointError(
+            f"tokenizer={str(source)!r}: no tokenizer file there (looked for {', '.join(TOKENIZER_FILES)})"
+        )
+    for name, file in files.items():
+        shutil.copyfile(file, out / name)
+    if "tokenizer_config.json" not in files and "tokenizer.json" in files:
+        # Enough for transformers' AutoTokenizer to load tokenizer.json.
+        (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+
+
+def export_safetensors(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    adapter: Any = None,
+    model_name: str | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    max_shard_size: int | str = "5GB",
+    tokenizer: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the model of `checkpoint` (a step folder, or a folder of steps -> the latest) to `out` in
+    Hugging Face layout. adapter: default from the checkpoint's fingerprint (model_name overrides its
+    "name"), found through the titan.hf_adapters entry points. Returns `out`."""
+    checkpoint, out, dtype = resolve_checkpoint(checkpoint), Path(out), _dtype(dtype)
+    max_bytes = parse_size(max_shard_size)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"export destination {out} exists and is not empty; choose another or pass overwrite")
+    meta = read_meta(checkpoint)
+    if adapter is None:
+        adapter = adapter_from_fingerprint(meta.get("fingerprint"), model_name)
+    metadata = read_dcp_metadata(checkpoint)
+    problems = verify_files(checkpoint, metadata, meta.get("files"))
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {checkpoint} is damaged: {'; '.join(problems)}")
+
+    entries = model_tensors(metadata)
+    if not entries:
+        raise CheckpointMismatchError(f"{checkpoint} holds no model tensors (no keys under 'model.')")
+    hf_keys = [adapter.to_hf_key(fqn) for fqn, _, _ in entries]
+    if hasattr(adapter, "hf_keys"):
+        missing = sorted(set(adapter.hf_keys()) - set(hf_keys))
+        if missing:
+            raise CheckpointMismatchError(f"{checkpoint} lacks {len(missing)} model tensor(s), e.g. {missing[:3]}")
+
+    # The shard plan, from shapes alone, so every file name knows the total count.
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    shards: list[list[int]] = [[]]
+    shard_bytes = 0
+    for i, (_, _, info) in enumerate(entries):
+        nbytes = info.size.numel() * itemsize
+        if shards[-1] and shard_bytes + nbytes > max_bytes:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(i)
+        shard_bytes += nbytes
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    reader = SafeFileSystemReader(checkpoint)
+    weight_map, total = {}, 0
+    for n, members in enumerate(shards, start=1):
+        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for i in members:
+            fqn, key, info = entries[i]
+            tensor = adapter.to_hf_tensor(fqn, _read_tensor(reader, key, info))
+            tensors[hf_keys[i]] = tensor.to(dtype).contiguous()
+            weight_map[hf_keys[i]] = name
+            total += tensors[hf_keys[i]].numel() * itemsize
+        save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+        del tensors
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps(adapter.hf_config(dtype), indent=2))
+    if tokenizer is not None:
+        _copy_tokenizer(tokenizer, tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(tmp, out)
+    logger.info(f"checkpoint: exported {checkpoint} to {out} ({len(entries)} tensors, {len(shards)} shard(s), {dtype})")
+    return out

@@ -1,0 +1,120 @@
+"""Reading one checkpoint back into Stateful objects, on every rank of a group.
+
+Before any tensor is read: the files are checked (sizes and CRC-32s, the reading split among the ranks),
+the checkpoint must hold every requested state, and each rank-local state must have this rank's entry.
+Any failure is shared among the ranks, so all of them raise the same error instead of some waiting in a
+collective for the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from titan_checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, raise_from_dcp
+from titan_checkpoint.states import RankLocal
+from titan_checkpoint.storage import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    data_files,
+    read_dcp_metadata,
+    verify_files,
+)
+
+logger = logging.getLogger("titan.checkpoint")
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def gather_problems(problems: list[str], group: dist.ProcessGroup | None = None) -> list[str]:
+    """Every rank's problems, on every rank (the same sorted list everywhere)."""
+    if not _distributed():
+        return problems
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, problems, group=group)
+    return sorted({p for rank_problems in gathered for p in rank_problems})
+
+
+def _rank_local_problems(path: Path, meta: dict, saved: dict, name: str, state: RankLocal, world_size: int) -> str:
+    have = sorted(k.split(".", 1)[1] for k in saved if k.startswith(f"{name}."))
+    message = (
+        f"{path} holds {name} state for {', '.join(have) or 'no rank'} but not for {state.key}: the parallel "
+        f"layout changed (saved by {meta.get('world_size', '?')} ranks, loading on {world_size})"
+    )
+    if state.required:
+        return f"{message}; add {name!r} to checkpoint.exclude_from_loading to start it fresh"
+    logger.warning(f"{message}; {name} keeps its current state")
+    return ""
+
+
+def load_states(
+    path: Path,
+    meta: dict[str, Any],
+    states: dict[str, Any],
+    names: list[str],
+    *,
+    group: dist.ProcessGroup | None = None,
+    verify_checksums: bool = True,
+) -> None:
+    """Restore `states[name]` for each of `names` from the checkpoint folder `path` (whose titan_meta.json
+    is `meta`, or {} for a plain DCP folder). Every rank of `group` calls it."""
+    start = time.perf_counter()
+    rank = dist.get_rank(group) if _distributed() else 0
+    world_size = dist.get_world_size(group) if _distributed() else 1
+    metadata = read_dcp_metadata(path)
+    recorded = meta.get("files")
+    mine = data_files(path, metadata, recorded)[rank::world_size]
+    problems = verify_files(path, metadata, recorded, check_crc=verify_checksums, only=mine)
+    problems = gather_problems(problems, group)
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
+
+    contents = meta.get("contents", ["model"])
+    absent = [n for n in names if n not in contents]
+    if absent:
+        raise CheckpointMismatchError(
+            f"{path} holds no {', '.join(map(repr, absent))} state (it holds {', '.join(contents)}); "
+            f"add {absent} to checkpoint.exclude_from_loading to start them fresh"
+        )
+    saved = metadata.state_dict_metadata
+    state_dict: dict[str, Any] = {}
+    for name in names:
+        state = states[name]
+        if isinstance(state, RankLocal) and f"{name}.{state.key}" not in saved:
+            problem = _rank_local_problems(path, meta, saved, name, state, world_size)
+            problems += [problem] if problem else []
+        else:
+            state_dict[name] = state.state_dict()
+    problems = gather_problems(problems, group)
+    if problems:
+        raise CheckpointMismatchError("; ".join(problems))
+
+    # A plain DCP folder (e.g. TorchTitan's) keeps the model's FQNs at the top level, not under "model.".
+    model_at_top = not meta and "model" in state_dict and not any(k.startswith("model.") for k in saved)
+    if model_at_top:
+        model_keys = list(state_dict["model"])
+        state_dict.update(state_dict.pop("model"))
+    try:
+        dcp.load(
+            state_dict,
+            storage_reader=SafeFileSystemReader(path),
+            planner=SafeLoadPlanner(),
+            process_group=group,
+            no_dist=not _distributed(),
+        )
+    except BaseException as e:
+        raise_from_dcp(e, f"loading {path} failed")
+    if model_at_top:
+        state_dict["model"] = {k: state_dict.pop(k) for k in model_keys}
+    for name, value in state_dict.items():
+        states[name].load_state_dict(value)
+    if meta.get("world_size", world_size) != world_size:
+        logger.info(f"checkpoint: resharded from {meta['world_size']} to {world_size} ranks")
+    logger.info(f"checkpoint: loaded {', '.join(state_dict)} from {path} ({time.perf_counter() - start:.1f}s)")

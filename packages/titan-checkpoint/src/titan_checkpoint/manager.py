@@ -1,0 +1,338 @@
+"""CheckpointManager: save a training run's states with torch.distributed.checkpoint, and resume it.
+
+The trainer hands over named Stateful objects; each save writes all of them (or only the model), each load
+restores them. Saves are complete or absent (see folder.py), optionally asynchronous, and loads check the
+files and the model fingerprint before reading a tensor. Every rank calls every method.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import Future
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+
+from titan_checkpoint.adapters import adapter_from_fingerprint
+from titan_checkpoint.config import CheckpointConfig
+from titan_checkpoint.errors import CheckpointError, raise_from_dcp
+from titan_checkpoint.folder import (
+    check_fingerprint,
+    commit,
+    complete_steps,
+    normalize_fingerprint,
+    purge,
+    read_meta,
+    resolve_checkpoint,
+    step_dir,
+    tmp_dir,
+    write_meta,
+)
+from titan_checkpoint.hf_export import export_safetensors
+from titan_checkpoint.hf_import import load_hf_into_model
+from titan_checkpoint.loading import load_states
+from titan_checkpoint.states import ModelState, RankLocal, RNGState
+from titan_checkpoint.storage import ChecksumWriter, collect_checksums
+
+logger = logging.getLogger("titan.checkpoint")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointManager:
+    """Periodic, crash-safe checkpoints of a training run in `folder`.
+
+    states: name -> object with state_dict()/load_state_dict(), e.g. {"model": ModelState(model),
+        "optimizer": OptimizerState(model, optimizer), "lr_scheduler": scheduler, "dataloader":
+        RankLocal(dataloader, dp_rank), "train_state": train_state}. "model" must be a ModelState. Unless
+        config.save_rng is False an "rng" entry (RankLocal(RNGState(), required=False)) is added.
+    fingerprint: JSON-able description of the model, stored with each checkpoint; a checkpoint whose
+        fingerprint differs is refused on load. Include "name" (the HF adapter's entry-point name) and
+        "args" (what the adapter's from_args_dict takes) so the checkpoint can be exported.
+    layout: JSON-able description of the parallel layout, stored for information.
+    hf_adapter: adapter for initial_load_format="hf" and export (default: found from the fingerprint).
+    process_group: group for DCP collectives (default: the default group, if one is initialized).
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        states: dict[str, Any],
+        config: CheckpointConfig | None = None,
+        *,
+        fingerprint: dict[str, Any] | None = None,
+        layout: dict[str, Any] | None = None,
+        hf_adapter: Any = None,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        self.config = config or CheckpointConfig()
+        self.config.validate()
+        self.folder = Path(folder)
+        self.states = dict(states)
+        if self.config.save_rng and "rng" not in self.states:
+            self.states["rng"] = RankLocal(RNGState(), required=False)
+        if "model" in self.states and not isinstance(self.states["model"], ModelState):
+            raise TypeError(f"states['model'] is a {type(self.states['model']).__name__}; wrap it: ModelState(model)")
+        if self.config.model_only and "model" not in self.states:
+            raise ValueError("checkpoint.model_only=True needs a 'model' entry in states")
+        self.fingerprint = normalize_fingerprint(fingerprint)
+        self.layout = normalize_fingerprint(layout)
+        self.hf_adapter = hf_adapter
+        self._pg = process_group
+        self._dist = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(process_group) if self._dist else 0
+        self.world_size = dist.get_world_size(process_group) if self._dist else 1
+        self._pending: Future | None = None
+        self._pending_step: int | None = None
+        self._staging: Future | None = None
+        self._last_saved: int | None = None
+        self._async_pg = None
+        self._stager = None
+        self.async_mode = self._setup_async(self.config.async_mode)
+
+    # ---- saving -------------------------------------------------------------------------------------
+
+    def _setup_async(self, mode: str) -> str:
+        if mode == "async_with_pinned_mem" and not torch.accelerator.is_available():
+            logger.warning(
+                "checkpoint.async_mode=async_with_pinned_mem: pinned memory needs an accelerator and there is "
+                "none; saving with async_mode=async instead (staged in ordinary CPU memory)"
+            )
+            mode = "async"
+        if mode != "disabled" and self._dist:
+            # DCP runs its collectives in the writer thread: a group of their own keeps them from
+            # interleaving with the training step's collectives. gloo: staged tensors are on the CPU.
+            ranks = None if self._pg is None else dist.get_process_group_ranks(self._pg)
+            self._async_pg = dist.new_group(ranks=ranks, backend="gloo")
+        if mode == "async_with_pinned_mem":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True
+                )
+            )
+        return mode
+
+    def save(self, step: int, *, last: bool = False) -> bool:
+        """Save if `step` is a multiple of interval, or if `last` (the end of training: model only when
+        config.model_only). Waits for a previous asynchronous save first. Returns whether it saved."""
+        interval = self.config.interval
+        if not (last or (interval > 0 and step % interval == 0)) or step == self._last_saved:
+            return False
+        self.wait()
+        if last and self.config.model_only:
+            self._save(step, ["model"], DTYPES[self.config.export_dtype])
+        else:
+            self._save(step, list(self.states), None)
+        self._last_saved = step
+        return True
+
+    def _barrier(self) -> None:
+        if self._dist:
+            dist.barrier(group=self._pg)
+
+    def _save(self, step: int, names: list[str], model_dtype: torch.dtype | None) -> None:
+        tmp = tmp_dir(self.folder, step)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted save of this step
+            tmp.mkdir(parents=True)
+        self._barrier()
+        start = time.perf_counter()
+        state_dict = {name: self.states[name].state_dict() for name in names}
+        if model_dtype is not None:
+            state_dict["model"] = {k: v.to(model_dtype) for k, v in state_dict["model"].items()}
+        meta = {
+            "step": step,
+            "contents": names,
+            "model_only": names == ["model"],
+            "model_dtype": None if model_dtype is None else str(model_dtype).removeprefix("torch."),
+            "fingerprint": self.fingerprint,
+            "world_size": self.world_size,
+            "layout": self.layout,
+            "torch_version": torch.__version__,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        writer = ChecksumWriter(tmp)
+        if self.async_mode == "disabled":
+            try:
+                dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=not self._dist)
+            except BaseException as e:
+                raise_from_dcp(e, f"saving step {step} to {tmp} failed")
+            if self.rank == 0:
+                self._commit(step, meta)
+            self._barrier()
+            logger.info(
+                f"checkpoint: saved step {step} to {step_dir(self.folder, step)} ({time.perf_counter() - start:.1f}s)"
+            )
+            return
+
+        try:
+            response = dcp.async_save(
+                state_dict,
+                storage_writer=writer,
+                process_group=self._async_pg,
+                async_checkpointer_type=AsyncCheckpointerType.THREAD,
+                async_stager=self._stager,
+                no_dist=not self._dist,
+            )
+        except BaseException as e:
+            raise_from_dcp(e, f"saving step {step} to {tmp} failed")
+        if isinstance(response, AsyncSaveResponse):
+            upload, self._staging = response.upload_completion, response.staging_completion
+        else:
+            upload = response
+        pending: Future = Future()
+
+        def finish(future: Future) -> None:
+            try:
+                future.result()
+                if self.rank == 0:
+                    self._commit(step, meta)
+                    seconds = time.perf_counter() - start
+                    logger.info(
+                        f"checkpoint: saved step {step} to {step_dir(self.folder, step)} ({seconds:.1f}s, async)"
+                    )
+                pending.set_result(step)
+            except BaseException as e:  # surfaced by wait()
+                pending.set_exception(e)
+
+        upload.add_done_callback(finish)
+        self._pending, self._pending_step = pending, step
+        logger.debug(f"checkpoint: step {step} staged in {time.perf_counter() - start:.2f}s; writing in the background")
+
+    def _commit(self, step: int, meta: dict[str, Any]) -> None:
+        """Rank 0, after every rank has written: checksums and titan_meta.json, then the atomic rename."""
+        tmp = tmp_dir(self.folder, step)
+        write_meta(tmp, {**meta, "files": collect_checksums(tmp)})
+        commit(tmp, step_dir(self.folder, step))
+        purge(self.folder, self.config.keep_latest_k, just_saved=step)
+
+    def wait_for_staging(self) -> None:
+        """Block until an asynchronous save has copied the state off the parameters; call it before the
+        optimizer step changes them (a no-op unless async_with_pinned_mem stages in the background)."""
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
+
+    def wait(self) -> None:
+        """Block until an asynchronous save is complete; raise CheckpointError if it failed."""
+        if self._pending is None:
+            return
+        pending, step = self._pending, self._pending_step
+        self._pending = self._staging = None
+        try:
+            pending.result()
+        except BaseException as e:
+            raise_from_dcp(
+                e, f"saving step {step} to {tmp_dir(self.folder, step)} failed; the previous checkpoint stays"
+            )
+
+    def close(self) -> None:
+        """Finish an in-flight save and release the staging buffers. Call on every rank at the end."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+        self._barrier()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- loading ------------------------------------------------------------------------------------
+
+    def load(self, step: int | None = None) -> int:
+        """Restore the states from the checkpoint of `step` (default: config.load_step, else the latest
+        complete one). With no checkpoint in the folder: initial_load_path if set, else nothing. Returns
+        the step to continue from (0 for a fresh start or initial weights)."""
+        self.wait()
+        if step is None and self.config.load_step >= 0:
+            step = self.config.load_step
+        steps = complete_steps(self.folder)
+        if step is not None and step not in steps:
+            raise CheckpointError(
+                f"checkpoint.load_step={step}: {step_dir(self.folder, step)} is not a complete checkpoint; "
+                f"complete steps in {self.folder}: {', '.join(map(str, steps)) or 'none'}"
+            )
+        if step is None and not steps:
+            return self._initial_load()
+        step = steps[-1] if step is None else step
+        path = step_dir(self.folder, step)
+        meta = read_meta(path)
+        check_fingerprint(path, meta, self.fingerprint, self.config.check_fingerprint)
+        names = [n for n in self.states if n not in self.config.exclude_from_loading]
+        if meta.get("model_only"):
+            if step > 0:
+                full = [s for s in steps if s != step and not read_meta(step_dir(self.folder, s)).get("model_only")]
+                raise CheckpointError(
+                    f"{path} holds only model weights (a model_only final save) and cannot resume training; "
+                    f"start from it with initial_load_path={str(path)!r} in a new folder, or set load_step to a "
+                    f"complete checkpoint ({', '.join(map(str, full)) or 'none in this folder'})"
+                )
+            logger.info(f"checkpoint: {path} is a seed checkpoint: loading the model; other states start fresh")
+            names = [n for n in names if n == "model"]
+        load_states(path, meta, self.states, names, group=self._pg, verify_checksums=self.config.verify_checksums)
+        self._last_saved = step  # saving it again would rewrite the same state
+        return int(meta["step"])
+
+    def _initial_load(self) -> int:
+        path, cfg = self.config.initial_load_path, self.config
+        if not path:
+            logger.info(f"checkpoint: no checkpoint in {self.folder}; starting from step 0")
+            return 0
+        if "model" not in self.states:
+            raise ValueError("checkpoint.initial_load_path needs a 'model' entry in states")
+        if cfg.initial_load_format == "hf":
+            adapter = self.hf_adapter or adapter_from_fingerprint(self.fingerprint)
+            load_hf_into_model(self.states["model"].parts, path, adapter)
+            logger.info(f"checkpoint: initial weights from Hugging Face folder {path}")
+            return 0
+        checkpoint = resolve_checkpoint(path)
+        meta = read_meta(checkpoint)
+        check_fingerprint(checkpoint, meta, self.fingerprint, cfg.check_fingerprint)
+        model_only = cfg.initial_load_model_only or meta.get("model_only", False)
+        names = ["model"] if model_only else [n for n in self.states if n not in cfg.exclude_from_loading]
+        load_states(checkpoint, meta, self.states, names, group=self._pg, verify_checksums=cfg.verify_checksums)
+        return 0 if model_only else int(meta.get("step", 0))
+
+    # ---- export -------------------------------------------------------------------------------------
+
+    def export(self, out: str | os.PathLike, *, step: int | None = None, **kwargs: Any) -> Path:
+        """Rank 0 writes the checkpoint of `step` (default: the latest) in Hugging Face layout to `out`;
+        kwargs go to export_safetensors (dtype, max_shard_size, tokenizer). Call on every rank."""
+        self.wait()
+        self._barrier()
+        checkpoint = step_dir(self.folder, step) if step is not None else resolve_checkpoint(self.folder)
+        if self.rank == 0:
+            adapter = self.hf_adapter or adapter_from_fingerprint(read_meta(checkpoint).get("fingerprint"))
+            export_safetensors(checkpoint, out, adapter=adapter, **kwargs)
+        self._barrier()
+        return Path(out)
+
+
+def save_seed_checkpoint(
+    folder: str | os.PathLike, model: torch.nn.Module, *, fingerprint: dict[str, Any] | None = None
+) -> Path:
+    """Write the initialized `model` as `<folder>/step-0`, model only: the seed every parallel layout
+    starts from (DCP reshards it on load). Run in one process, before any training."""
+    manager = CheckpointManager(
+        folder,
+        {"model": ModelState(model)},
+        CheckpointConfig(interval=0, keep_latest_k=0, save_rng=False),
+        fingerprint=fingerprint,
+    )
+    manager._save(0, ["model"], None)
+    return step_dir(folder, 0)
