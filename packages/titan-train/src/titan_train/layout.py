@@ -39,6 +39,11 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         raise ConfigError(
             f"parallelism.fsdp_implementation={p.fsdp_implementation!r} is not supported yet; use 'fsdp2'"
         )
+    if config.checkpoint.create_seed_checkpoint and world_size > 1:
+        raise ConfigError(
+            f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
+            "run it without torchrun, then launch the parallel run from that folder"
+        )
     ac = config.activation_checkpoint
     whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
     if whole_block_ac and dims.tp > 1 and config.compile.enable:

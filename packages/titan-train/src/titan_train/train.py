@@ -24,6 +24,7 @@ from titan_debug import (
 )
 from titan_models import get_model_spec
 from titan_parallel import clip_grad_norm_, loss_context
+from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
 from titan_train.distributed import RunEnv, init_distributed, shutdown_distributed
@@ -65,7 +66,6 @@ class Trainer:
             num_workers=t.dataloader_num_workers,
             seed=t.seed,
         )
-        self.data_iter = iter(self.dataloader)
         self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, env.device.type)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, t.steps)
         self.compute_dtype = DTYPES[t.mixed_precision_param]
@@ -73,10 +73,22 @@ class Trainer:
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
+        self.checkpoint = build_checkpoint_manager(self)
+        if self.checkpoint is not None:
+            # Restores step_count too: the trainer is the "train_state".
+            if self.checkpoint.load():
+                logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
+        self.data_iter = iter(self.dataloader)
         self.throughput = Throughput()
         # Tokens per device per step: ranks sharing a data-parallel rank's tokens (tp, cp, pp) split its work.
         tokens = t.local_batch_size * t.seq_len * self.layout.accumulation_steps
         self.tokens_per_step = tokens * self.dims.dp / env.world_size
+
+    def state_dict(self) -> dict:
+        return {"step": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = state["step"]
 
     def _model_args(self, vocab_needed: int):
         cfg = self.config
@@ -133,6 +145,8 @@ class Trainer:
         lr = self.lr_scheduler.get_last_lr()[0]
         self.step_count += 1
         if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
+            if self.checkpoint is not None:
+                self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
             self.optimizer.step()
         self.lr_scheduler.step()
         self.throughput.add_tokens(self.tokens_per_step)
@@ -197,10 +211,20 @@ class Trainer:
                             "memory": memory_stats(device)["peak_gib"],
                             "data_time_frac": window.data_time_frac,
                         })  # fmt: skip
+                    if self.checkpoint is not None:
+                        self.checkpoint.save(step, last=step == t.steps)
                     profiler.step()
                     snapshots.step()
         finally:
             metrics.close()
+            if self.checkpoint is not None:
+                self.checkpoint.close()
+        if self.checkpoint is not None and cfg.checkpoint.export_safetensors:
+            out = resolve_folder(cfg, cfg.checkpoint.export_folder)
+            self.checkpoint.export(
+                out, dtype=cfg.checkpoint.export_dtype, tokenizer=self.tokenizer.path, overwrite=True
+            )
+            logger.info(f"exported the model in Hugging Face layout to {out}")
         return losses
 
 
@@ -208,6 +232,10 @@ def train(config: JobConfig) -> list[float]:
     """Run the training the config describes; returns the per-step losses."""
     env = init_distributed(config)
     try:
-        return Trainer(config, env).train()
+        trainer = Trainer(config, env)
+        if config.checkpoint.create_seed_checkpoint:
+            logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(trainer)}")
+            return []
+        return trainer.train()
     finally:
         shutdown_distributed()

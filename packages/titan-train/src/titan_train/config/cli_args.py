@@ -1,6 +1,7 @@
 """The command line: `--config recipe.toml`, `--section.key value` overrides and a few actions."""
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -64,6 +65,9 @@ def _is_bool(dotted: str) -> bool:
 
 
 def _type_name(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return f"{_type_name(inner)} (empty: unset)"
     if typing.get_origin(hint) is typing.Literal:
         return "|".join(str(c) for c in typing.get_args(hint))
     if typing.get_origin(hint) is list:

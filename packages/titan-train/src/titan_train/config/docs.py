@@ -8,7 +8,15 @@ import textwrap
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: its docstring} for a dataclass whose fields are followed by string literals."""
+    """{field name: its docstring} for a dataclass whose fields are followed by string literals, including
+    the fields it inherits."""
+    docs = {}
+    for base in reversed(cls.__mro__[:-1]):
+        docs.update(_own_field_docs(base))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}

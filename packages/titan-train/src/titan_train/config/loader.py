@@ -7,6 +7,7 @@ model or data exists.
 import dataclasses
 import difflib
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def read_toml(path: str | Path, _seen: tuple = ()) -> dict:
 def _coerce(value, hint, key: str):
     """`value` (from TOML, or a string from the CLI) as type `hint`, or a ConfigError naming `key`."""
     origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        # Optional fields: an empty value means "not set".
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value in ("", None) else _coerce(value, inner, key)
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         value = _coerce(value, type(choices[0]), key)
@@ -160,6 +165,8 @@ def to_toml(config: JobConfig) -> str:
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
         if isinstance(v, list):
             return "[" + ", ".join(fmt(x) for x in v) + "]"
+        if v is None:
+            return '""'
         return repr(v)
 
     lines = []

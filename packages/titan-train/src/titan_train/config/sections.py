@@ -7,6 +7,8 @@ Section and key names are a public interface (users' TOML recipes and CLI overri
 from dataclasses import dataclass, field
 from typing import Literal
 
+from titan_checkpoint import CheckpointConfig
+
 
 @dataclass
 class Job:
@@ -131,6 +133,25 @@ class Compile:
 
 
 @dataclass
+class Checkpoint(CheckpointConfig):
+    """[checkpoint]: titan-checkpoint's options (interval, keep_latest_k, async_mode, load_step, ...) plus
+    where the trainer puts checkpoints and what it does with them."""
+
+    enable: bool = False
+    """Save checkpoints and resume from the latest complete one in the folder."""
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to job.dump_folder (or absolute)."""
+    export_safetensors: bool = False
+    """At the end of training, also write the model in Hugging Face layout (safetensors + config.json +
+    tokenizer) to export_folder, in export_dtype."""
+    export_folder: str = "hf"
+    """Where export_safetensors writes, relative to job.dump_folder (or absolute)."""
+    create_seed_checkpoint: bool = False
+    """Write the initialized weights as step 0 of the checkpoint folder and exit (one process): every parallel
+    layout can then start from the same weights."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Steps between metric lines (the first and last step are always logged)."""
@@ -186,6 +207,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
