@@ -83,6 +83,24 @@ class ToyData:
         self.generator.set_state(state["generator"])
 
 
+class ToyShard:
+    """A data-parallel rank's state for DataParallelState; records how it was restored."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+        self.restored: tuple | None = None  # ("own", state) or ("resharded", states, dp_rank, dp_world_size)
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+        self.restored = ("own", state)
+
+    def load_state_dict_resharded(self, states: list[dict], dp_rank: int, dp_world_size: int) -> None:
+        self.restored = ("resharded", states, dp_rank, dp_world_size)
+
+
 def train_step(model, optimizer, scheduler, data: ToyData) -> float:
     batch = data.next()
     logits = model(batch[:, :-1])

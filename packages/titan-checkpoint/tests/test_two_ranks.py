@@ -12,7 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from titan_checkpoint import CheckpointConfig, export_safetensors, load_hf_safetensors, read_meta
+from titan_checkpoint import (
+    CheckpointConfig,
+    CheckpointManager,
+    DataParallelState,
+    export_safetensors,
+    load_hf_safetensors,
+    read_meta,
+)
 
 SCRIPT = Path(__file__).with_name("two_rank_script.py")
 CHECKS = ["load_from_one_rank", "hf_import", "save_on_two_ranks"]
@@ -72,3 +79,13 @@ def test_two_rank_checkpoint_loads_on_one_process(work):
     export_safetensors(folder / "two_ranks", folder / "hf_two_ranks", adapter=adapter, dtype="float32")
     for fqn, tensor in load_hf_safetensors(folder / "hf_two_ranks", adapter):
         assert torch.equal(tensor, expected[f"model.{fqn}"]), fqn
+
+
+def test_data_parallel_state_of_two_ranks_reshards_on_one_process(work):
+    folder, output = work
+    assert "rank 1 save_on_two_ranks ok" in output, output[-4000:]
+    shard = ckpt_toy.ToyShard()
+    states = {"shard": DataParallelState(shard, 0, 1)}
+    manager = CheckpointManager(folder / "two_ranks", states, CheckpointConfig(save_rng=False))
+    assert manager.load() == 3
+    assert shard.restored == ("resharded", [{"value": 10}, {"value": 11}], 0, 1)

@@ -6,7 +6,8 @@ WORK holds, from the test: `one_rank/` (a checkpoint saved by one process), `one
 full tensors) and `hf/` (its model exported to Hugging Face layout). This script
   load_from_one_rank   loads one_rank/ into the sharded model and optimizer: same full tensors
   hf_import            loads hf/ into a sharded model: same full tensors
-  save_on_two_ranks    trains a step, saves two_ranks/ asynchronously, writes two_ranks.safetensors
+  save_on_two_ranks    trains a step, saves two_ranks/ asynchronously (with a DataParallelState "shard"
+                       per dp rank), writes two_ranks.safetensors
 and prints "rank R CHECK ok" for each.
 """
 
@@ -25,6 +26,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from titan_checkpoint import (  # noqa: E402
     CheckpointConfig,
     CheckpointManager,
+    DataParallelState,
     ModelState,
     OptimizerState,
     RankLocal,
@@ -86,6 +88,7 @@ def main(work: Path) -> None:
 
     ckpt_toy.train_step(model, optimizer, scheduler, data)
     config = CheckpointConfig(interval=1, async_mode="async")
+    states["shard"] = DataParallelState(ckpt_toy.ToyShard(10 + rank), rank, dist.get_world_size())
     with CheckpointManager(work / "two_ranks", states, config, fingerprint=ckpt_toy.fingerprint()) as manager:
         manager.save(3)
     tensors = full_tensors(states)

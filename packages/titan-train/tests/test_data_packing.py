@@ -88,7 +88,8 @@ def test_state_round_trip_resumes_exactly(tok):
     it = iter(ds)
     head = [next(it) for _ in range(7)]
     state = ds.state_dict()
-    assert set(state) == {"epoch", "next_doc", "token_buffer", "dp_rank", "dp_world_size"}
+    assert set(state) == {"epoch", "next_doc", "token_buffer", "skip", "dp_rank", "dp_world_size"}
+    assert state["skip"] == []  # only a resharded run skips positions
     assert state["next_doc"] % 2 == 0  # global position after a rank-1 document (odd position)
     tail = [next(it) for _ in range(25)]  # crosses into the next epochs
     resumed = PackedTokenDataset(ListSource(texts), tok, seq_len=8, dp_rank=1, dp_world_size=2, seed=1)

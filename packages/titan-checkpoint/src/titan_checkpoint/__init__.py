@@ -3,7 +3,8 @@
 Typical use (titan-train does this; every rank runs it)::
 
     states = {"model": ModelState(model), "optimizer": OptimizerState(model, optimizer),
-              "lr_scheduler": lr_scheduler, "dataloader": RankLocal(dataloader, dp_rank),
+              "lr_scheduler": lr_scheduler,
+              "dataloader": DataParallelState(dataloader, dp_rank, dp_world_size),
               "train_state": train_state}
     manager = CheckpointManager(folder, states, CheckpointConfig(interval=100),
                                 fingerprint={"name": "llama3", "flavor": "debug", "args": asdict(args)})
@@ -21,7 +22,7 @@ from titan_checkpoint.folder import complete_steps, latest_step, read_meta
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import load_hf_into_model, load_hf_safetensors
 from titan_checkpoint.manager import CheckpointManager, save_seed_checkpoint
-from titan_checkpoint.states import ModelState, OptimizerState, RankLocal, RNGState
+from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CheckpointMismatchError",
+    "DataParallelState",
     "ModelState",
     "OptimizerState",
     "RNGState",

@@ -1,7 +1,8 @@
 """Reading one checkpoint back into Stateful objects, on every rank of a group.
 
 Before any tensor is read: the files are checked (sizes and CRC-32s, the reading split among the ranks),
-the checkpoint must hold every requested state, and each rank-local state must have this rank's entry.
+the checkpoint must hold every requested state, each rank-local state must have this rank's entry, and a
+data-parallel state saved on another dp size must be able to reshard (it then reads every rank's entry).
 Any failure is shared among the ranks, so all of them raise the same error instead of some waiting in a
 collective for the others.
 """
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, raise_from_dcp
-from titan_checkpoint.states import RankLocal
+from titan_checkpoint.states import DataParallelState, RankLocal
 from titan_checkpoint.storage import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -42,8 +43,13 @@ def gather_problems(problems: list[str], group: dist.ProcessGroup | None = None)
     return sorted({p for rank_problems in gathered for p in rank_problems})
 
 
+def _entries(saved: dict, name: str) -> list[str]:
+    """The keys under `name` in the checkpoint (`rank0`, `rank1`, ... for per-rank states)."""
+    return sorted(k.split(".", 1)[1] for k in saved if k.startswith(f"{name}."))
+
+
 def _rank_local_problems(path: Path, meta: dict, saved: dict, name: str, state: RankLocal, world_size: int) -> str:
-    have = sorted(k.split(".", 1)[1] for k in saved if k.startswith(f"{name}."))
+    have = _entries(saved, name)
     message = (
         f"{path} holds {name} state for {', '.join(have) or 'no rank'} but not for {state.key}: the parallel "
         f"layout changed (saved by {meta.get('world_size', '?')} ranks, loading on {world_size})"
@@ -87,7 +93,14 @@ def load_states(
     state_dict: dict[str, Any] = {}
     for name in names:
         state = states[name]
-        if isinstance(state, RankLocal) and f"{name}.{state.key}" not in saved:
+        if isinstance(state, DataParallelState):
+            try:
+                state_dict[name] = dict.fromkeys(state.entries_to_load(_entries(saved, name)), b"")
+            except ValueError as e:
+                problems.append(
+                    f"{path}: {name} {e}; add {name!r} to checkpoint.exclude_from_loading to start it fresh"
+                )
+        elif isinstance(state, RankLocal) and f"{name}.{state.key}" not in saved:
             problem = _rank_local_problems(path, meta, saved, name, state, world_size)
             problems += [problem] if problem else []
         else:

@@ -52,8 +52,9 @@ class CheckpointManager:
 
     states: name -> object with state_dict()/load_state_dict(), e.g. {"model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer), "lr_scheduler": scheduler, "dataloader":
-        RankLocal(dataloader, dp_rank), "train_state": train_state}. "model" must be a ModelState. Unless
-        config.save_rng is False an "rng" entry (RankLocal(RNGState(), required=False)) is added.
+        DataParallelState(dataloader, dp_rank, dp_world_size), "train_state": train_state}. "model" must
+        be a ModelState. Unless config.save_rng is False an "rng" entry (RankLocal(RNGState(),
+        required=False)) is added.
     fingerprint: JSON-able description of the model, stored with each checkpoint; a checkpoint whose
         fingerprint differs is refused on load. Include "name" (the HF adapter's entry-point name) and
         "args" (what the adapter's from_args_dict takes) so the checkpoint can be exported.

@@ -3,14 +3,16 @@
 Model and optimizer state go through torch.distributed.checkpoint.state_dict, whose keys are parameter
 FQNs whatever the parallel layout (FSDP2, TP, pipeline stages), so a checkpoint written with one layout
 loads into another: DCP reshards. State that differs per rank (dataloader position, RNG) goes through
-RankLocal, which saves it under the rank's own key instead of letting DCP keep one rank's copy.
+RankLocal, which saves it under the rank's own key instead of letting DCP keep one rank's copy;
+DataParallelState does the same for a data-parallel rank's state and, when the data-parallel size changes,
+hands every old rank's state to the object so it can re-deal them (a dataloader's position).
 """
 
 from __future__ import annotations
 
 import io
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -95,19 +97,80 @@ class RankLocal:
         return f"rank{self.rank}"
 
     def state_dict(self) -> dict[str, bytes]:
-        buffer = io.BytesIO()
-        torch.save(self.inner.state_dict(), buffer)
-        return {self.key: buffer.getvalue()}
+        return {self.key: _to_blob(self.inner.state_dict())}
 
     def load_state_dict(self, state_dict: dict[str, bytes]) -> None:
-        try:
-            state = torch.load(io.BytesIO(state_dict[self.key]), weights_only=True)
-        except Exception as e:
-            raise CheckpointCorruptError(
-                f"the saved state of {self.key} cannot be read with torch.load(weights_only=True) "
-                f"({type(e).__name__}: {e})"
-            ) from e
-        self.inner.load_state_dict(state)
+        self.inner.load_state_dict(_from_blob(state_dict[self.key], self.key))
+
+
+class DataParallelState:
+    """The state of one data-parallel rank (a dataloader's position), resumable on another dp size.
+
+    Saved as RankLocal saves it: one blob under `rank<dp_rank>` (the tensor-, context- and pipeline-parallel
+    peers of a dp rank write one entry), so checkpoints of either wrapper load with the other. On load:
+      - same dp size as saved: each rank reads only its own entry into `inner.load_state_dict` (exact resume);
+      - another dp size: each rank reads every saved entry and calls
+        `inner.load_state_dict_resharded(states, dp_rank, dp_world_size)`, where states[i] is what
+        `inner.state_dict()` returned on old dp rank i. The inner object decides how to continue (titan-train's
+        dataloader deals the documents no old rank consumed over the new ranks). An object without that
+        method fails the load, before anything is read, with a message naming the state.
+    """
+
+    def __init__(self, inner: Any, dp_rank: int, dp_world_size: int):
+        if not 0 <= dp_rank < dp_world_size:
+            raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
+        self.inner, self.dp_rank, self.dp_world_size = inner, dp_rank, dp_world_size
+        self._saved_world: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"rank{self.dp_rank}"
+
+    def state_dict(self) -> dict[str, bytes]:
+        return {self.key: _to_blob(self.inner.state_dict())}
+
+    def entries_to_load(self, saved: Iterable[str]) -> list[str]:
+        """Which of the checkpoint's entries (`rank<N>` keys) this rank reads: its own when the dp size is
+        unchanged, else all of them. Raises ValueError when the entries are not rank0..rank<n-1> or the dp size
+        changed and `inner` cannot reshard. Remembers the saved dp size for `load_state_dict`."""
+        saved = sorted(saved, key=lambda k: (len(k), k))
+        world = len(saved)
+        if not saved or saved != [f"rank{i}" for i in range(world)]:
+            raise ValueError(
+                f"holds entries {saved or 'none'}, expected rank0 .. rank<n-1> (one per data-parallel rank)"
+            )
+        if world != self.dp_world_size and not hasattr(self.inner, "load_state_dict_resharded"):
+            raise ValueError(
+                f"was saved by {world} data-parallel ranks and is loaded by {self.dp_world_size}, but "
+                f"{type(self.inner).__name__} has no load_state_dict_resharded(states, dp_rank, dp_world_size) "
+                f"to re-deal it"
+            )
+        self._saved_world = world
+        return [self.key] if world == self.dp_world_size else saved
+
+    def load_state_dict(self, state_dict: dict[str, bytes]) -> None:
+        world = self._saved_world if self._saved_world is not None else len(state_dict)
+        self._saved_world = None
+        if world == self.dp_world_size:
+            self.inner.load_state_dict(_from_blob(state_dict[self.key], self.key))
+            return
+        states = [_from_blob(state_dict[f"rank{i}"], f"rank{i}") for i in range(world)]
+        self.inner.load_state_dict_resharded(states, self.dp_rank, self.dp_world_size)
+
+
+def _to_blob(state: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _from_blob(blob: bytes, key: str) -> Any:
+    try:
+        return torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as e:
+        raise CheckpointCorruptError(
+            f"the saved state of {key} cannot be read with torch.load(weights_only=True) ({type(e).__name__}: {e})"
+        ) from e
 
 
 class RNGState:

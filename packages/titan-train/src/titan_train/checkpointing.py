@@ -5,9 +5,9 @@ import os
 
 from titan_checkpoint import (
     CheckpointManager,
+    DataParallelState,
     ModelState,
     OptimizerState,
-    RankLocal,
     complete_steps,
     save_seed_checkpoint,
 )
@@ -35,8 +35,8 @@ def build_checkpoint_manager(trainer) -> CheckpointManager | None:
         "model": ModelState(trainer.model),
         "optimizer": OptimizerState(trainer.model, trainer.optimizer),
         "lr_scheduler": trainer.lr_scheduler,
-        # Ranks that read the same data (tp, cp, pp peers) share one entry.
-        "dataloader": RankLocal(trainer.dataloader, rank=dims.local_rank("dp")),
+        # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
+        "dataloader": DataParallelState(trainer.dataloader, dims.local_rank("dp"), dims.dp),
         "train_state": trainer,
     }
     layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}

@@ -1,17 +1,22 @@
 """The training dataloader: a PackedTokenDataset behind torchdata's StatefulDataLoader.
 
 `loader.state_dict()` / `loader.load_state_dict()` checkpoint the exact position (per worker when
-num_workers > 0), so a resumed run sees the same batches as an uninterrupted one.
+num_workers > 0), so a resumed run sees the same batches as an uninterrupted one. On another
+data-parallel size, `loader.load_state_dict_resharded(states, dp_rank, dp_world_size)` takes the states
+of all old ranks instead (titan-checkpoint's DataParallelState calls it) and continues with the documents
+none of them consumed.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_train.data.dataset import PackedTokenDataset
+from titan_train.data.sharding import ReaderState, reader_shard
 from titan_train.data.sources import resolve_dataset
 from titan_train.tokenizer import Tokenizer
 
@@ -27,7 +32,7 @@ def build_dataloader(
     num_workers: int = 0,
     seed: int | None = None,
     infinite: bool = True,
-) -> StatefulDataLoader:
+) -> TokenDataLoader:
     """Batches of (inputs, labels), LongTensors of shape [local_batch_size, seq_len], for one dp rank.
 
     `seed` shuffles each epoch's document order (within blocks of 1024 documents, the same on every rank);
@@ -45,7 +50,57 @@ def build_dataloader(
     with warnings.catch_warnings():
         # torchdata 0.11 calls the deprecated torch.set_vital in its constructor; nothing for users to act on.
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-        return StatefulDataLoader(ds, batch_size=local_batch_size, num_workers=num_workers, collate_fn=stack_pairs)
+        return TokenDataLoader(ds, batch_size=local_batch_size, num_workers=num_workers, collate_fn=stack_pairs)
+
+
+class TokenDataLoader(StatefulDataLoader):
+    """A StatefulDataLoader over a PackedTokenDataset that can also resume from another dp layout."""
+
+    dataset: PackedTokenDataset
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = len(state_dict["_snapshot"]["_worker_snapshots"]) if "_snapshot" in state_dict else 0
+        if state_dict and saved != self.num_workers:
+            raise ValueError(
+                f"the dataloader state was saved with {saved} workers but this dataloader has {self.num_workers}; "
+                f"set training.dataloader_num_workers = {saved} to resume"
+            )
+        super().load_state_dict(state_dict)
+
+    def load_state_dict_resharded(self, states: list[dict[str, Any]], dp_rank: int, dp_world_size: int) -> None:
+        """Resume from `states`, the `state_dict()` of each old data-parallel rank (states[i] of rank i),
+        saved on another data-parallel size or number of workers. Takes effect at the next `iter()`."""
+        ds = self.dataset
+        if (dp_rank, dp_world_size) != (ds.dp_rank, ds.dp_world_size):
+            raise ValueError(
+                f"resharded load for data-parallel rank {dp_rank} of {dp_world_size}, but this dataloader "
+                f"is rank {ds.dp_rank} of {ds.dp_world_size}"
+            )
+        ds.load_resharded([reader for state in states for reader in _readers(state)])
+        # As StatefulDataLoader.load_state_dict, but with no state for it to restore: the next iter()
+        # starts fresh workers from the dataset's new state.
+        self._iterator = None
+        self._initial_iter_for_state_dict = False
+        self.next_iter_state = None
+
+
+def _readers(state: dict[str, Any]) -> list[ReaderState]:
+    """The readers in one rank's StatefulDataLoader state: the rank itself, or each of its workers."""
+    if "dataset_state" in state:  # num_workers == 0
+        ds = state["dataset_state"]
+        return [ReaderState(*reader_shard(ds["dp_rank"], ds["dp_world_size"]), ds)]
+    if state.get("_steps_since_snapshot", 0):
+        # build_dataloader snapshots the workers' states at every batch; a loader built otherwise may not.
+        raise ValueError(
+            "the dataloader state has no snapshot of its workers at its last batch "
+            "(StatefulDataLoader(snapshot_every_n_steps=1) keeps one); it cannot be resharded"
+        )
+    workers = state["_snapshot"]["_worker_snapshots"].values()
+    return [
+        ReaderState(*reader_shard(ds["dp_rank"], ds["dp_world_size"], w["worker_id"], len(workers)), ds)
+        for w in workers
+        for ds in [w["dataset_state"]]
+    ]
 
 
 def stack_pairs(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,38 @@
+"""Builds the Trainer (which loads the latest checkpoint of the run) and saves, from rank 0, the full
+model parameters and AdamW moments as plain tensors, before any step. Launched like parity_driver.py."""
+
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from titan_train.config import load_config, parse_argv
+from titan_train.distributed import init_distributed, shutdown_distributed
+from titan_train.train import Trainer
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+
+
+def main(argv: list[str]) -> None:
+    out, rest = argv[0], argv[1:]
+    config = load_config(parse_argv(rest))
+    env = init_distributed(config)
+    try:
+        trainer = Trainer(config, env)
+        model, optimizer = {}, {}
+        for name, param in trainer.model.named_parameters():
+            name = name.replace("_checkpoint_wrapped_module.", "")
+            model[name] = full(param)
+            for key, value in trainer.optimizer.state.get(param, {}).items():
+                if key != "step":
+                    optimizer[f"{name}.{key}"] = full(value)
+        if env.rank == 0:
+            torch.save({"step": trainer.step_count, "model": model, "optimizer": optimizer}, out)
+    finally:
+        shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
