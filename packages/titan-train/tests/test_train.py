@@ -123,3 +123,23 @@ def test_tensorboard_and_profiler_write_where_documented(tmp_path):
     assert list((tmp_path / "tb" / "titan" / "rank0").glob("events.out.tfevents.*"))
     traces = sorted(p.parent.name for p in (tmp_path / "profile_traces").glob("iteration_*/rank0_trace.json"))
     assert traces == ["iteration_2", "iteration_4"]
+
+
+def test_float8_emulated_tracks_bfloat16_over_30_steps(tmp_path):
+    args = ("--model.flavor", "debug", "--training.steps", "30", "--lr_scheduler.warmup_steps", "3",
+            "--training.mixed_precision_param", "bfloat16")  # fmt: skip
+    bf16 = trainer(tmp_path, *args).train()
+    f8 = trainer(tmp_path, *args, "--float8.enable", "true", "--float8.emulate", "true").train()
+    # float8 rounds every matmul input to 3 mantissa bits (e4m3): each step's loss stays within 3% of bf16.
+    assert f8 == pytest.approx(bf16, rel=3e-2)
+    assert f8 != bf16
+    assert sum(f8[-5:]) / 5 < 0.8 * f8[0]
+
+
+def test_float8_config_errors_name_the_field(tmp_path):
+    from titan_train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="float8.recipe='fp8' is not allowed"):
+        trainer(tmp_path, "--float8.recipe", "fp8")
+    with pytest.raises(ConfigError, match="float8"):
+        trainer(tmp_path, "--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather", "true")

@@ -1,3 +1,28 @@
-"""Float8 training for Titan models via torchao."""
+"""Float8 training for Titan models via torchao: convert Linear layers, FSDP2 float8 all-gather, float8 TP.
+
+    report = convert_to_float8(model, options)       # on the meta model, before TP / compile / FSDP
+    apply_tp(model, mesh, float8_tp_plan(plan, model, mesh))
+    ...
+    optimizer.step(); precompute_float8_scales(model)  # with precompute_float8_dynamic_scale_for_fsdp
+
+torchao is imported only when one of these runs; `require_torchao` says how to install it when it is
+missing or too old.
+"""
+
+from titan_float8.convert import Float8Options, Float8Report, convert_to_float8
+from titan_float8.fsdp import precompute_float8_scales
+from titan_float8.requirements import MIN_TORCHAO, require_torchao
+from titan_float8.tensor_parallel import float8_tp_plan, float8_tp_styles
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "MIN_TORCHAO",
+    "Float8Options",
+    "Float8Report",
+    "convert_to_float8",
+    "float8_tp_plan",
+    "float8_tp_styles",
+    "precompute_float8_scales",
+    "require_torchao",
+]

@@ -7,30 +7,65 @@
 - `apply_compile`: regional torch.compile of the repeated blocks.
 - `apply_fsdp` / `apply_ddp`: FSDP2 (HSDP on a 2-D mesh) or DDP.
 - `clip_grad_norm_`: gradient clipping across every mesh.
-Coming with their issues: SimpleFSDP, pipeline and context parallel.
+- Pipeline parallel: `split_blocks` + `build_stage_modules` (stages from the plan's blocks), the checks
+  `resolve_num_stages` / `check_microbatches`, `stage_ids_for_rank`, `build_pipeline` -> `Pipeline.step`.
+- Context parallel: `shard_sequence` / `unshard_sequence` / `load_balanced_positions` (the causal
+  load-balanced split), `ring_attention`, and `context_parallel_attention` (routes SDPA to it).
+Coming with its issue: SimpleFSDP.
 """
 
 from titan_parallel.activation_checkpoint import apply_ac
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
+from titan_parallel.context_parallel import (
+    context_parallel_attention,
+    load_balanced_positions,
+    shard_sequence,
+    unshard_sequence,
+)
 from titan_parallel.data_parallel import apply_ddp, apply_fsdp
 from titan_parallel.device import device_module, device_type, distributed_backend
 from titan_parallel.parallel_dims import ParallelDims
+from titan_parallel.pipeline import (
+    SCHEDULES,
+    Pipeline,
+    build_pipeline,
+    check_microbatches,
+    resolve_num_stages,
+    schedule_class,
+    stage_ids_for_rank,
+)
+from titan_parallel.pipeline_split import build_stage_modules, split_blocks
+from titan_parallel.ring_attention import ring_attention
 from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ParallelDims",
+    "Pipeline",
+    "SCHEDULES",
     "apply_ac",
     "apply_compile",
     "apply_ddp",
     "apply_fsdp",
     "apply_tp",
+    "build_pipeline",
+    "build_stage_modules",
+    "check_microbatches",
     "check_tp_degree",
     "clip_grad_norm_",
+    "context_parallel_attention",
     "device_module",
     "device_type",
     "distributed_backend",
+    "load_balanced_positions",
     "loss_context",
+    "resolve_num_stages",
+    "ring_attention",
+    "schedule_class",
+    "shard_sequence",
+    "split_blocks",
+    "stage_ids_for_rank",
+    "unshard_sequence",
 ]

@@ -6,6 +6,7 @@ import logging
 import torch
 import torch.nn as nn
 
+from titan_float8 import float8_tp_plan
 from titan_parallel import ParallelDims, apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
 from titan_train.config import JobConfig
 
@@ -18,7 +19,10 @@ def parallelize(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -
     p, t = config.parallelism, config.training
     loss_parallel = dims.tp > 1 and p.enable_loss_parallel
     if dims.tp > 1:
-        apply_tp(model, dims.submesh("tp"), plan.tp_plan(loss_parallel=loss_parallel))
+        tp_plan = plan.tp_plan(loss_parallel=loss_parallel)
+        if config.float8.enable:
+            tp_plan = float8_tp_plan(tp_plan, model, dims.submesh("tp"))
+        apply_tp(model, dims.submesh("tp"), tp_plan)
     ac = config.activation_checkpoint
     if ac.mode != "none":
         apply_ac(model, plan.block_fqns, ac.mode, ac.selective_ac_option)

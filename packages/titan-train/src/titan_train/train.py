@@ -22,6 +22,7 @@ from titan_debug import (
     set_collective_timeout,
     tflops,
 )
+from titan_float8 import convert_to_float8, precompute_float8_scales
 from titan_models import get_model_spec
 from titan_parallel import clip_grad_norm_, loss_context
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
@@ -105,6 +106,8 @@ class Trainer:
         """Built on the meta device, parallelized, then materialized on this rank's device and initialized."""
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
+        # Float8 swaps the Linear layers first: TP, compile and FSDP then see the float8 modules.
+        convert_to_float8(model, self.config.float8)
         parallelize(model, self.spec.plan(self.model_args), self.dims, self.config)
         model.to_empty(device=self.env.device)
         # Each parameter is drawn from (seed, its name): the weights do not depend on the parallel layout.
@@ -148,6 +151,9 @@ class Trainer:
             if self.checkpoint is not None:
                 self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
             self.optimizer.step()
+            f8 = self.config.float8
+            if f8.enable and f8.precompute_float8_dynamic_scale_for_fsdp and uses_fsdp(self.dims):
+                precompute_float8_scales(self.model)  # one all-reduce for every weight's scale
         self.lr_scheduler.step()
         self.throughput.add_tokens(self.tokens_per_step)
         return loss, grad_norm, lr

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from titan_checkpoint import CheckpointConfig
+from titan_float8 import Float8Options
 
 
 @dataclass
@@ -152,6 +153,11 @@ class Checkpoint(CheckpointConfig):
 
 
 @dataclass
+class Float8(Float8Options):
+    """[float8]: float8 training via torchao (titan-float8's options)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Steps between metric lines (the first and last step are always logged)."""
@@ -208,6 +214,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    float8: Float8 = field(default_factory=Float8)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)

@@ -58,10 +58,11 @@ def validate(config: JobConfig) -> None:
         f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be >= 1, "
         "or -1 for the rest of the world",
     )
-    try:
-        config.checkpoint.validate()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    for section in (config.checkpoint, config.float8):
+        try:
+            section.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     _validate_model(config)
     _validate_inputs(config)
 

@@ -1,0 +1,277 @@
+"""Launched by test_ring_attention.py: `torchrun --nproc_per_node N cp_script.py` (N = 2 or 4). Prints
+"rank R CASE ok" per case.
+
+ring_*: ring attention on the load-balanced shards vs full SDPA on the whole sequence (every rank computes
+it): output and dQ/dK/dV, fp32, atol 1e-5, for causal/not, GQA/not, p2p/allgather, fused/math block kernel,
+a power-of-two length and one that is not (48: chunks of 12 at cp 2, of 6 at cp 4).
+errors: lengths that do not split into 2 x cp chunks; SDPA calls with a mask or dropout under CP.
+model_*: a toy Llama-like transformer (RoPE on global positions, GQA, causal SDPA) with CP through
+`context_parallel_attention` vs the same model on the unsharded batch: loss rtol 1e-5, every gradient
+atol 1e-5. Composed with FSDP (over dp_shard x cp), TP, AC, compile and the all-gather variant.
+pipeline_pp2_cp2: pp_toy's model pipelined (1F1B) over 2 stages with CP 2 inside each: same tolerances.
+"""
+
+import itertools
+import traceback
+
+import pp_toy
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from titan_parallel import (
+    ParallelDims,
+    apply_ac,
+    apply_compile,
+    apply_fsdp,
+    apply_tp,
+    build_pipeline,
+    build_stage_modules,
+    check_microbatches,
+    context_parallel_attention,
+    load_balanced_positions,
+    resolve_num_stages,
+    ring_attention,
+    shard_sequence,
+    split_blocks,
+    stage_ids_for_rank,
+    unshard_sequence,
+)
+
+VOCAB, DIM, N_HEADS, N_KV_HEADS, HIDDEN, N_LAYERS = 64, 32, 4, 2, 64, 2
+HEAD_DIM = DIM // N_HEADS
+
+
+def ring_case(mesh, causal: bool, gqa: bool, variant: str, kernel: str, seq_len: int) -> None:
+    g = torch.Generator().manual_seed(seq_len + 10 * causal + 20 * gqa)
+    kv_heads = 2 if gqa else 4
+    q = torch.randn(2, 4, seq_len, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    grad_out = torch.randn(2, 4, seq_len, 8, generator=g)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    expected.backward(grad_out)
+
+    local = [t.detach().requires_grad_() for t in shard_sequence([q, k, v], mesh, seq_dim=2)]
+    out = ring_attention(*local, mesh, causal, variant=variant, kernel=kernel)
+    out.backward(shard_sequence([grad_out], mesh, seq_dim=2)[0])
+    pairs = {
+        "out": (out, expected),
+        **{f"d{n}": (t.grad, r.grad) for n, t, r in zip("qkv", local, (q, k, v), strict=True)},
+    }
+    for name, (actual, full) in pairs.items():
+        reference = shard_sequence([full], mesh, seq_dim=2)[0]
+        torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    torch.testing.assert_close(unshard_sequence(out.detach(), mesh, seq_dim=2), expected.detach(), rtol=0, atol=1e-5)
+
+
+def errors_case(mesh) -> None:
+    cp = mesh.size()
+    for call, words in [
+        (lambda: shard_sequence([torch.zeros(1, 2 * cp + 2)], mesh), "not divisible by 2 x context_parallel_degree"),
+        (lambda: ring_attention(*[torch.zeros(1, 2, 5, 4)] * 3, mesh), "local sequence length is 5"),
+    ]:
+        try:
+            call()
+        except ValueError as e:
+            assert words in str(e), str(e)
+        else:
+            raise AssertionError(f"no ValueError ({words})")
+    original, q = F.scaled_dot_product_attention, torch.zeros(1, 2, 4, 8)
+    with context_parallel_attention(mesh):
+        assert F.scaled_dot_product_attention is not original
+        for kwargs, words in [
+            ({"attn_mask": torch.ones(4, 4, dtype=torch.bool)}, "attn_mask=(4, 4)"),
+            ({"dropout_p": 0.1}, "dropout_p=0.1"),
+        ]:
+            try:
+                F.scaled_dot_product_attention(q, q, q, **kwargs)
+            except NotImplementedError as e:
+                assert words in str(e), str(e)
+            else:
+                raise AssertionError(f"no NotImplementedError ({words})")
+    assert F.scaled_dot_product_attention is original
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
+        self.wq = nn.Linear(DIM, N_HEADS * HEAD_DIM, bias=False)
+        self.wk = nn.Linear(DIM, N_KV_HEADS * HEAD_DIM, bias=False)
+        self.wv = nn.Linear(DIM, N_KV_HEADS * HEAD_DIM, bias=False)
+        self.wo = nn.Linear(N_HEADS * HEAD_DIM, DIM, bias=False)
+        self.w1, self.w3 = nn.Linear(DIM, HIDDEN, bias=False), nn.Linear(DIM, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
+
+    def forward(self, x, rope):
+        bs, seq, _ = x.shape
+        h = self.attention_norm(x)
+        q, k, v = (w(h).view(bs, seq, -1, HEAD_DIM).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = rotate(q, rope), rotate(k, rope)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+def rotate(x, rope):
+    """RoPE on [B, H, S, D] with rope = (cos, sin) [S, D/2] at the tokens' global positions."""
+    cos, sin = rope
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).type_as(x)
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(N_LAYERS)})
+        self.norm = nn.RMSNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens, positions):
+        angles = positions.float()[:, None] * 0.5 ** torch.arange(HEAD_DIM // 2).float()
+        rope = (angles.cos(), angles.sin())
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        return self.output(self.norm(h))
+
+
+def loss_and_grads(model, tokens, labels, positions):
+    loss = F.cross_entropy(model(tokens, positions).flatten(0, 1), labels.flatten())
+    loss.backward()
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
+    return loss.detach(), grads
+
+
+def model_case(dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None, compile=False, seq_len=24, batch=4):
+    mesh = dims.build_mesh("cpu")
+    cp_mesh = dims.submesh("cp")
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, VOCAB, (batch, seq_len + 1), generator=g)
+    tokens, labels = data[:, :-1], data[:, 1:]
+    torch.manual_seed(0)
+    reference = ToyModel()
+    ref_loss, ref_grads = loss_and_grads(reference, tokens, labels, torch.arange(seq_len))
+
+    torch.manual_seed(0)
+    model = ToyModel()
+    blocks = [f"layers.{i}" for i in range(N_LAYERS)]
+    if tp:
+        styles = {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(), "wo": RowwiseParallel()}
+        styles |= {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
+        apply_tp(model, mesh["tp"], {f"layers.*.{name}": style for name, style in styles.items()})
+    if ac:
+        apply_ac(model, blocks, *ac)
+    if compile:
+        apply_compile(model, blocks, backend="aot_eager")  # fullgraph: ring attention is one opaque op
+    if fsdp:
+        apply_fsdp(model, blocks, dims.fsdp_mesh())
+
+    dp_rank, dp = dims.local_rank("dp"), dims.dp
+    rows = slice(dp_rank * batch // dp, (dp_rank + 1) * batch // dp)
+    tokens, labels = shard_sequence([tokens[rows], labels[rows]], cp_mesh)
+    positions = load_balanced_positions(seq_len, dims.cp, cp_mesh.get_local_rank())
+    with context_parallel_attention(cp_mesh, variant=variant):
+        loss, grads = loss_and_grads(model, tokens, labels, positions)
+    # Every rank holds as many tokens: the mean of the ranks' means is the whole batch's mean.
+    loss_group = dims.submesh("dp_cp").get_group()
+    dist.all_reduce(loss, group=loss_group)
+    torch.testing.assert_close(loss / dims.degree("dp_cp"), ref_loss, rtol=1e-5, atol=0)
+    for name, grad in grads.items():
+        if isinstance(grad, DTensor):
+            grad = grad.full_tensor()  # FSDP has averaged it over dp_shard x cp already
+        else:
+            dist.all_reduce(grad, group=cp_mesh.get_group())
+            grad = grad / dims.cp
+        torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def pipeline_case(dims: ParallelDims, schedule="1F1B", batch=4) -> None:
+    """PP x CP with pp_toy's model: its position table (a buffer every stage holds) is sharded once like the
+    tokens, as Llama's freqs_cis can be, since the local positions are the same for every batch."""
+    mesh = dims.build_mesh("cpu")
+    cp_mesh, pp_mesh = mesh["cp"], mesh["pp"]
+    reference = pp_toy.build_model()
+    tokens, labels = pp_toy.batch(batch)
+    ref_loss = pp_toy.cross_entropy(reference(tokens), labels)
+    ref_loss.backward()
+
+    num_stages = resolve_num_stages(schedule, dims.pp, pp_toy.N_LAYERS)
+    ids = stage_ids_for_rank(schedule, pp_mesh.get_local_rank(), dims.pp, num_stages)
+    with torch.device("meta"):
+        meta = pp_toy.ToyModel()
+    blocks = split_blocks(pp_toy.block_fqns(), num_stages)
+    parts = build_stage_modules(meta, blocks, ids, pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS)
+    ref_params = dict(reference.named_parameters())
+    for part in parts:
+        part.to_empty(device="cpu")
+        with torch.no_grad():
+            for name, param in part.named_parameters():
+                param.copy_(ref_params[name])
+        part.rope = shard_sequence([reference.rope], cp_mesh, seq_dim=0)[0]
+    n_microbatches = check_microbatches(schedule, dims.pp, num_stages, batch, 1)
+    pipeline = build_pipeline(
+        parts, ids, num_stages, pp_mesh.get_group(), torch.device("cpu"), schedule, n_microbatches, pp_toy.cross_entropy
+    )
+    tokens, labels = shard_sequence([tokens, labels], cp_mesh)
+    with context_parallel_attention(cp_mesh):
+        loss = pipeline.step(tokens, labels)
+    dist.all_reduce(loss, group=cp_mesh.get_group())
+    torch.testing.assert_close(loss / dims.cp, ref_loss.detach(), rtol=1e-5, atol=0)
+    for part in parts:
+        for name, param in part.named_parameters():
+            dist.all_reduce(param.grad, group=cp_mesh.get_group())
+            expected = ref_params[name].grad
+            torch.testing.assert_close(
+                param.grad / dims.cp, expected, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
+def cases(world: int) -> dict:
+    mesh = ParallelDims(1, 1, world, 1, 1, world).build_mesh("cpu")["cp"]
+    found = {}
+    for causal, gqa, variant, kernel, seq_len in itertools.product(
+        (True, False), (False, True), ("p2p", "allgather"), ("auto", "math"), (16 * world, 48)
+    ):
+        name = f"ring_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_{kernel}_{seq_len}"
+        found[name] = lambda a=(causal, gqa, variant, kernel, seq_len): ring_case(mesh, *a)
+    found["errors"] = lambda: errors_case(mesh)
+    if world == 2:
+        cp2 = lambda: ParallelDims(1, 1, 2, 1, 1, 2)  # noqa: E731
+        found["model_cp2"] = lambda: model_case(cp2())
+        found["model_cp2_allgather"] = lambda: model_case(cp2(), variant="allgather")
+        found["model_cp2_fsdp"] = lambda: model_case(cp2(), fsdp=True)
+        found["model_cp2_ac_full"] = lambda: model_case(cp2(), ac=("full",))
+        found["model_cp2_ac_op"] = lambda: model_case(cp2(), ac=("selective", "op"))
+        found["model_cp2_compile"] = lambda: model_case(cp2(), compile=True)
+    else:
+        found["model_cp4"] = lambda: model_case(ParallelDims(1, 1, 4, 1, 1, 4))
+        found["model_fsdp2_cp2"] = lambda: model_case(ParallelDims(1, 2, 2, 1, 1, 4), fsdp=True)
+        found["model_tp2_cp2_fsdp"] = lambda: model_case(ParallelDims(1, 1, 2, 2, 1, 4), fsdp=True, tp=True)
+        found["pipeline_pp2_cp2"] = lambda: pipeline_case(ParallelDims(1, 1, 2, 1, 2, 4))
+    return found
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for name, case in cases(dist.get_world_size()).items():
+        try:
+            case()
+            print(f"rank {rank} {name} ok", flush=True)
+        except Exception:
+            print(f"rank {rank} {name} FAILED\n{traceback.format_exc()}", flush=True)
+            break  # a failed case can leave peers mid-collective; later cases would hang
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

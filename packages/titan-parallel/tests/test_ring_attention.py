@@ -1,0 +1,124 @@
+"""Context parallelism: the load-balanced split and block attention in one process; ring attention and a
+toy transformer under CP (with FSDP, TP, AC) on 2 and 4 gloo ranks, one launch each (cp_script.py)."""
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from titan_parallel import context_parallel_attention, load_balanced_positions
+from titan_parallel.attention_block import block_backward, block_forward
+from titan_parallel.ring_attention import _merge
+
+SCRIPT = Path(__file__).with_name("cp_script.py")
+MODEL_CASES = {
+    2: [
+        "model_cp2",
+        "model_cp2_allgather",
+        "model_cp2_fsdp",
+        "model_cp2_ac_full",
+        "model_cp2_ac_op",
+        "model_cp2_compile",
+    ],
+    4: ["model_cp4", "model_fsdp2_cp2", "model_tp2_cp2_fsdp", "pipeline_pp2_cp2"],
+}
+
+
+def case_names(world: int) -> list[str]:
+    ring = [
+        f"ring_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_{kernel}_{seq_len}"
+        for causal, gqa, variant, kernel, seq_len in itertools.product(
+            (True, False), (False, True), ("p2p", "allgather"), ("auto", "math"), (16 * world, 48)
+        )
+    ]
+    return [*ring, "errors", *MODEL_CASES[world]]
+
+
+@pytest.fixture(scope="module")
+def launches():
+    """world size -> output of `torchrun --nproc_per_node world cp_script.py`, run on first use."""
+    outputs = {}
+
+    def run(world: int) -> str:
+        if world not in outputs:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
+            result = subprocess.run(
+                [*command, str(SCRIPT)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            outputs[world] = result.stdout + result.stderr
+        return outputs[world]
+
+    return run
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_multi_process_cases(launches, world):
+    """Reference: full SDPA / the unsharded model, in every case's own tolerance (cp_script.py docstring)."""
+    output = launches(world)
+    missing = [f"rank {r} {name}" for name in case_names(world) for r in range(world)]
+    missing = [line for line in missing if f"{line} ok" not in output]
+    assert not missing, f"not ok: {missing[:8]}...\n{output[-6000:]}"
+
+
+def test_load_balanced_positions_pair_early_and_late_chunks():
+    assert load_balanced_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert load_balanced_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
+    assert load_balanced_positions(16, 4, 1).tolist() == [2, 3, 12, 13]
+    for cp, seq_len in [(2, 48), (4, 48), (4, 64)]:
+        shards = [load_balanced_positions(seq_len, cp, r) for r in range(cp)]
+        assert sorted(torch.cat(shards).tolist()) == list(range(seq_len))
+        # Causal work of a token = keys it attends to = position + 1: equal on every rank.
+        assert len({int((s + 1).sum()) for s in shards}) == 1
+
+
+def test_sequence_not_divisible_by_two_cp_is_refused():
+    with pytest.raises(ValueError, match=r"sequence length 50 is not divisible by 2 x context_parallel_degree = 4"):
+        load_balanced_positions(50, 2, 0)
+
+
+@pytest.mark.parametrize("kernel", ["cpu_flash", "math"])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_blocks_merged_by_lse_equal_sdpa(kernel, gqa):
+    """Two key blocks (causal diagonal + full) merged by log-sum-exp, and their backward from the merged values,
+    against SDPA on all keys with the matching mask; fp32, atol 1e-5."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2 if gqa else 4, 12, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2 if gqa else 4, 12, 8, generator=g, requires_grad=True)
+    mask = torch.ones(6, 12, dtype=torch.bool).tril(6)  # keys 0..5 all seen, 6..11 causally
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    grad_out = torch.randn(expected.shape, generator=g)
+    expected.backward(grad_out)
+
+    qd, kd, vd, scale = q.detach(), k.detach(), v.detach(), 8**-0.5
+    blocks = [(slice(6, 12), True), (slice(0, 6), False)]
+    out = lse = None
+    for cols, causal in blocks:
+        block_out, block_lse = block_forward(qd, kd[:, :, cols], vd[:, :, cols], causal, scale, kernel)
+        if out is None:
+            out, lse = block_out.clone(), block_lse.clone()
+        else:
+            _merge(out, lse, block_out, block_lse)
+    torch.testing.assert_close(out, expected.detach(), rtol=0, atol=1e-5)
+    dq, dk, dv = torch.zeros_like(qd), torch.zeros_like(kd), torch.zeros_like(vd)
+    for cols, causal in blocks:
+        dq_b, dk_b, dv_b = block_backward(grad_out, qd, kd[:, :, cols], vd[:, :, cols], out, lse, causal, scale, kernel)
+        dq += dq_b
+        dk[:, :, cols], dv[:, :, cols] = dk_b, dv_b
+    for actual, reference in [(dq, q.grad), (dk, k.grad), (dv, v.grad)]:
+        torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5)
+
+
+def test_torch_implementation_needs_cuda():
+    with pytest.raises(ValueError, match="implementation='torch' needs a CUDA DeviceMesh"):
+        with context_parallel_attention(None, implementation="torch"):
+            pass
