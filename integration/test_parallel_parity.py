@@ -39,6 +39,13 @@ CASES = [
     ("fsdp2_compile_ac_full", 2, 2, ["--compile.enable", "true", "--activation_checkpoint.mode", "full"]),
     ("tp2_compile_ac_op", 2, 1, ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "true",
                                  "--activation_checkpoint.mode", "selective"]),
+    # Context parallel: the cp ranks of a data-parallel rank share its batch, each holding 2 of 2 x cp chunks.
+    ("cp2", 2, 1, ["--parallelism.context_parallel_degree", "2"]),
+    ("cp4_allgather", 4, 1, ["--parallelism.context_parallel_degree", "4",
+                             "--parallelism.context_parallel_variant", "allgather"]),
+    ("fsdp2_cp2_ac_op", 4, 2, ["--parallelism.context_parallel_degree", "2",
+                               "--activation_checkpoint.mode", "selective"]),
+    ("tp2_cp2", 4, 1, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
 ]  # fmt: skip
 
 

@@ -31,6 +31,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+import titan_parallel.ring_attention  # noqa: F401  registers torch.ops.titan.ring_attention
+
 MODES = ("none", "selective", "full")
 
 _aten = torch.ops.aten
@@ -45,6 +47,8 @@ SAC_SAVE_OPS = {
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_cudnn_attention.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    # Context parallel's ring attention: recomputing it would repeat its ring communication too.
+    torch.ops.titan.ring_attention.default,
 }
 
 

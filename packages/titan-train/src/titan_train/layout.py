@@ -32,9 +32,16 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         )
     except ValueError as e:
         raise ConfigError(f"parallelism: {e}") from None
-    for name, degree in (("pipeline_parallel_degree", dims.pp), ("context_parallel_degree", dims.cp)):
-        if degree > 1:
-            raise ConfigError(f"parallelism.{name}={degree} is not supported yet (it lands with its own issue); use 1")
+    if dims.pp > 1:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree={dims.pp} is not supported by the trainer yet (its library is "
+            "in titan-parallel; the wiring lands with the pipeline issue); use 1"
+        )
+    if dims.cp > 1 and t.seq_len % (2 * dims.cp):
+        raise ConfigError(
+            f"training.seq_len={t.seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "
+            f"{2 * dims.cp} (each rank holds two load-balanced chunks); use a multiple of {2 * dims.cp}"
+        )
     if p.fsdp_implementation != "fsdp2":
         raise ConfigError(
             f"parallelism.fsdp_implementation={p.fsdp_implementation!r} is not supported yet; use 'fsdp2'"

@@ -1,5 +1,6 @@
 """One training run, in the order of design/architecture.md. The config arrives validated."""
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -24,7 +25,13 @@ from titan_debug import (
 )
 from titan_float8 import convert_to_float8, precompute_float8_scales
 from titan_models import get_model_spec
-from titan_parallel import clip_grad_norm_, loss_context
+from titan_parallel import (
+    clip_grad_norm_,
+    context_parallel_attention,
+    load_balanced_positions,
+    loss_context,
+    shard_sequence,
+)
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
@@ -71,6 +78,7 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, t.steps)
         self.compute_dtype = DTYPES[t.mixed_precision_param]
         self.loss_parallel = self.dims.tp > 1 and config.parallelism.enable_loss_parallel
+        self.cp_mesh = self.dims.submesh("cp")
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
@@ -127,11 +135,26 @@ class Trainer:
             dtype=self.compute_dtype,
             enabled=self.compute_dtype != torch.float32 and not uses_fsdp(self.dims),
         )
-        with loss_context(self.loss_parallel):
+        positions = None
+        if self.cp_mesh is not None:
+            # Each rank keeps two load-balanced chunks of the sequence; RoPE follows their global positions.
+            inputs, labels = shard_sequence([inputs, labels], self.cp_mesh)
+            positions = load_balanced_positions(
+                self.config.training.seq_len, self.dims.cp, self.cp_mesh.get_local_rank(), self.env.device
+            )
+        with self.cp_context(), loss_context(self.loss_parallel):  # backward too: AC re-runs attention
             with autocast:
-                loss = cross_entropy(self.model(inputs), labels) * scale
+                loss = cross_entropy(self.model(inputs, positions), labels) * scale
             loss.backward()
         return loss.detach()
+
+    def cp_context(self):
+        if self.cp_mesh is None:
+            return contextlib.nullcontext()
+        p = self.config.parallelism
+        return context_parallel_attention(
+            self.cp_mesh, variant=p.context_parallel_variant, implementation=p.context_parallel_implementation
+        )
 
     def step(self) -> tuple[float, float, float]:
         """One optimizer step over `accumulation_steps` micro-batches: (loss, grad_norm, lr used).

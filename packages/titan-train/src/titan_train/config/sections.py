@@ -109,7 +109,13 @@ class Parallelism:
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline micro-batch."""
     context_parallel_degree: int = 1
-    """Ranks the sequence is split over (ring attention)."""
+    """Ranks the sequence is split over (ring attention; training.seq_len must divide by 2 x this degree)."""
+    context_parallel_variant: Literal["p2p", "allgather"] = "p2p"
+    """How ring attention moves K/V: "p2p" passes blocks around the ring, overlapping the next transfer with
+    the current block's compute; "allgather" gathers all K/V blocks at once (more memory, fewer messages)."""
+    context_parallel_implementation: Literal["titan", "torch"] = "titan"
+    """"titan": Titan's ring attention (CPU and CUDA); "torch": torch's experimental context_parallel
+    (CUDA only)."""
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after forward ("default": yes except the root module)."""
     fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
