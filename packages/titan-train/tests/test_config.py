@@ -154,6 +154,8 @@ def test_global_batch_must_be_a_multiple():
          "world size 4 is not divisible by dp_replicate=1 x cp=1 x tp=3 x pp=1 = 3"),
         (["--parallelism.data_parallel_shard_degree", "3"], 4,
          "dp_replicate=1 x dp_shard=3 x cp=1 x tp=1 x pp=1 = 3, but the world size is 4"),
+        (["--parallelism.context_parallel_degree", "2", "--model.name", "hyena"], 2,
+         "model.name='hyena' has no attention"),
         (["--parallelism.context_parallel_degree", "2", "--training.seq_len", "50"], 2,
          "training.seq_len=50 is not divisible by 2 x parallelism.context_parallel_degree = 4"),
         (["--parallelism.tensor_parallel_degree", "4", "--model.flavor", "tiny"], 4,

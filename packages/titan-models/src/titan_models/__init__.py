@@ -2,16 +2,22 @@
 
 Typical use (titan-train does this, with parallelism applied between build and init)::
 
-    spec = get_model_spec("llama3")
+    spec = get_model_spec("llama3")   # or "hyena"
     args = spec.args_for("debug")
     with torch.device("meta"):
         model = spec.model_cls(args)
     plan = spec.plan(args)          # what titan-parallel needs
     model.to_empty(device="cpu")
     model.init_weights()
+
+Generation (Llama 3 with a KV cache, Hyena with exact online long convolutions)::
+
+    from titan_models.generate import generate
+    new_tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, strategy="flash")
 """
 
-from titan_models import llama3
+from titan_models import hyena, llama3
+from titan_models.hyena import HyenaArgs, HyenaLM
 from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling
 from titan_models.plan import ModelPlan
 from titan_models.registry import ModelSpec, get_model_spec, list_models, register_model
@@ -19,6 +25,8 @@ from titan_models.registry import ModelSpec, get_model_spec, list_models, regist
 __version__ = "0.1.0"
 
 __all__ = [
+    "HyenaArgs",
+    "HyenaLM",
     "Llama3Args",
     "Llama3HFAdapter",
     "ModelPlan",
@@ -26,6 +34,7 @@ __all__ = [
     "RopeScaling",
     "__version__",
     "get_model_spec",
+    "hyena",
     "list_models",
     "llama3",
     "register_model",

@@ -28,3 +28,7 @@ class ModelPlan:
     tp_divisible: dict[str, int] = field(default_factory=dict)
     """Sizes the tensor-parallel degree must divide, by the name to use in error messages
     (e.g. {"model.n_heads": 16})."""
+    context_parallel: bool = True
+    """Whether the model computes correctly with the sequence split over ranks (context parallelism shards
+    attention's keys and values around a ring). False for Hyena, whose long convolutions would need every
+    earlier rank's inputs: a trainer should refuse context_parallel_degree > 1 for it."""

@@ -69,6 +69,9 @@ def get_model_spec(name: str) -> ModelSpec:
 
 
 def _register_builtin_models() -> None:
+    from titan_models.hyena import FLAVORS as HYENA_FLAVORS
+    from titan_models.hyena import HyenaLM, hyena_plan
+    from titan_models.hyena import flops_per_token as hyena_flops_per_token
     from titan_models.llama3.flavors import FLAVORS
     from titan_models.llama3.flops import flops_per_token
     from titan_models.llama3.hf import Llama3HFAdapter
@@ -85,6 +88,26 @@ def _register_builtin_models() -> None:
             hf_adapter=Llama3HFAdapter,
         )
     )
+    register_model(
+        ModelSpec(
+            name="hyena",
+            flavors=HYENA_FLAVORS,
+            model_cls=HyenaLM,
+            plan=hyena_plan,
+            flops_per_token=hyena_flops_per_token,
+            hf_adapter=_no_hf_adapter("hyena"),
+        )
+    )
+
+
+def _no_hf_adapter(name: str) -> Callable[[Any], Any]:
+    def hf_adapter(args: Any) -> Any:
+        raise NotImplementedError(
+            f"model {name!r} has no Hugging Face mapping (Transformers has no matching architecture); "
+            "save and load it as a DCP checkpoint instead"
+        )
+
+    return hf_adapter
 
 
 _register_builtin_models()

@@ -77,10 +77,18 @@ class SeededInit:
         generator.manual_seed(seed_for(self.seed, name))
         full = torch.empty(param.shape, dtype=torch.float32, device=param.device)
         draw(full, generator)
-        with torch.no_grad():
-            if _is_dtensor(param):
-                from torch.distributed.tensor import distribute_tensor
+        copy_full_(param, full)
 
-                # src_data_rank=None: every rank drew the same full tensor, so each slices locally.
-                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.copy_(full)
+
+@torch.no_grad()
+def copy_full_(tensor: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy `full` (the whole, unsharded value, the same on every rank) into `tensor`, a plain tensor or a
+    DTensor parameter or buffer, which keeps only its own shard. For values computed rather than drawn."""
+    if tensor.device.type == "meta":
+        return
+    if _is_dtensor(tensor):
+        from torch.distributed.tensor import distribute_tensor
+
+        # src_data_rank=None: every rank holds the same full tensor, so each slices locally.
+        full = distribute_tensor(full.to(tensor.device), tensor.device_mesh, tensor.placements, src_data_rank=None)
+    tensor.copy_(full)

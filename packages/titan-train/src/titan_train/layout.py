@@ -37,6 +37,15 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"parallelism.pipeline_parallel_degree={dims.pp} is not supported by the trainer yet (its library is "
             "in titan-parallel; the wiring lands with the pipeline issue); use 1"
         )
+    if dims.cp > 1:
+        from titan_models import get_model_spec
+
+        spec = get_model_spec(config.model.name)
+        if not spec.plan(spec.args_for(config.model.flavor)).context_parallel:
+            raise ConfigError(
+                f"parallelism.context_parallel_degree={dims.cp}: model.name={config.model.name!r} has no attention "
+                "to run as ring attention; use 1"
+            )
     if dims.cp > 1 and t.seq_len % (2 * dims.cp):
         raise ConfigError(
             f"training.seq_len={t.seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "

@@ -1,0 +1,29 @@
+"""Generation from a trained model: Llama 3 with a KV cache, Hyena with exact online long convolutions.
+
+    tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, seed=0,
+                      strategy="flash")     # Hyena: "lazy" | "eager" | "flash"
+
+Lower level: build_decoder(model, max_len) -> decoder.prefill(tokens) / decoder.step(token) -> logits.
+"""
+
+from titan_models.generate.hyena_decode import HyenaDecoder
+from titan_models.generate.llama_decode import LlamaDecoder
+from titan_models.generate.loop import build_decoder, generate
+from titan_models.generate.online_conv import STRATEGIES, EagerConv, FlashConv, LazyConv, make_online_conv
+from titan_models.generate.sampling import sample_next
+from titan_models.generate.tiling import TileKernels, tiles
+
+__all__ = [
+    "STRATEGIES",
+    "EagerConv",
+    "FlashConv",
+    "HyenaDecoder",
+    "LazyConv",
+    "LlamaDecoder",
+    "TileKernels",
+    "build_decoder",
+    "generate",
+    "make_online_conv",
+    "sample_next",
+    "tiles",
+]

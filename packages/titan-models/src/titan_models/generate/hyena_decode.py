@@ -1,0 +1,118 @@
+"""Token-by-token Hyena with exact online long convolutions (design/flash_inference.md).
+
+State per layer: the last short_filter_len - 1 projections (for the short convolution); for all layers
+together, one OnlineConv over every layer's filter channels. Per token, each layer does only O(1)-in-L
+work (projections, short conv, gates, h[0] x_t + the pending sum, MLP); the long convolutions' history
+work runs once per step for all layers (`push`), because at step t every layer's inputs up to t exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from titan_models.generate.online_conv import make_online_conv
+from titan_models.hyena.model import HyenaLM
+
+
+class HyenaDecoder:
+    """Generation state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) HyenaLM.
+
+    prefill(tokens [B, P]) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new token.
+    strategy: "lazy", "eager" or "flash" (see online_conv.py); all give the same outputs up to rounding.
+    direct_max: the largest flash tile computed as a direct product. clock: what `mixing_seconds` counts.
+    """
+
+    def __init__(
+        self,
+        model: HyenaLM,
+        max_len: int,
+        strategy: str = "flash",
+        batch_size: int = 1,
+        direct_max: int = 8,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if model.tok_embeddings is None or model.output is None:
+            raise ValueError("HyenaDecoder needs the whole model; this one is a pipeline stage")
+        self.model = model
+        self.max_len = max_len
+        self.layers = list(model.layers.values())
+        args = model.args
+        self.order, self.kernel = args.order, args.short_filter_len
+        self.filter_channels = args.n_filters * args.dim  # per layer, channel-major [c * (N - 1) + i]
+        with torch.no_grad():
+            h = torch.cat([layer.mixer.filter(max_len) for layer in self.layers])  # [layers * (N-1) * dim, L]
+            skip = torch.cat([layer.mixer.filter.skip for layer in self.layers])
+        self.h0_plus_skip = (h[:, 0] + skip.to(h.dtype)).view(len(self.layers), args.dim, args.n_filters)
+        self.conv = make_online_conv(strategy, h, batch_size, direct_max, clock)
+        dtype = model.output.weight.dtype
+        device = model.output.weight.device
+        self.short_cache = [
+            torch.zeros(batch_size, (self.order + 1) * args.dim, self.kernel - 1, dtype=dtype, device=device)
+            for _ in self.layers
+        ]
+        self.t = 0
+
+    @property
+    def mixing_seconds(self) -> float:
+        """Time spent in the long convolutions (prefill FFTs, pending sums, pushes) so far."""
+        return self.conv.seconds
+
+    def _channels(self, layer: int, i: int) -> slice:
+        """The OnlineConv channels of filter i of `layer` (channel-major within the layer)."""
+        base = layer * self.filter_channels
+        return slice(base + i, base + self.filter_channels, self.order - 1)
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run the prompt tokens [B, P] (P >= 1) through the model with FFT convolutions, recording what
+        generation needs; returns logits [B, P, V]."""
+        if self.t != 0:
+            raise RuntimeError("prefill must come first, once")
+        prompt = tokens.shape[1]
+        if not 1 <= prompt < self.max_len:
+            raise ValueError(f"prompt length {prompt} must be >= 1 and < max_len={self.max_len}")
+        x = self.model.tok_embeddings(tokens)
+        for index, layer in enumerate(self.layers):
+            recent = layer.mixer.in_proj(layer.mixer_norm(x[:, -(self.kernel - 1) :])).transpose(1, 2)
+            cache = self.short_cache[index]
+            cache[..., cache.shape[-1] - recent.shape[-1] :] = recent  # zeros before a short prompt
+
+            def long_conv(i: int, v: torch.Tensor, index: int = index) -> torch.Tensor:
+                return self.conv.prefill(v, self._channels(index, i))
+
+            x = layer(x, long_conv=long_conv)
+        self.t = prompt
+        return self.model.output(self.model.norm(x))
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per sequence [B] at position t; returns logits [B, V] for position t + 1."""
+        t = self.t
+        if t >= self.max_len:
+            raise RuntimeError(f"HyenaDecoder holds {self.max_len} positions; all are used")
+        x = self.model.tok_embeddings(tokens)
+        pending = self.conv.pending(t)  # [B, C]: every layer's sum over s < t, known before the step
+        inputs = torch.empty_like(pending)
+        n_filters = self.order - 1
+        for index, layer in enumerate(self.layers):
+            op = layer.mixer
+            u = op.in_proj(layer.mixer_norm(x))  # [B, (N+1) * dim]
+            window = torch.cat([self.short_cache[index], u.unsqueeze(-1)], dim=-1)
+            self.short_cache[index] = window[..., 1:]
+            u = (window * op.short_filter.weight).sum(-1) + op.short_filter.bias
+            *gates, v = op.split(u)
+            block = slice(index * self.filter_channels, (index + 1) * self.filter_channels)
+            layer_pending = pending[:, block].view(-1, self.filter_channels // n_filters, n_filters)
+            layer_inputs = inputs[:, block].view(layer_pending.shape)
+            for i, gate in enumerate(reversed(gates[1:])):
+                v = v * gate
+                layer_inputs[..., i] = v
+                v = (layer_pending[..., i] + self.h0_plus_skip[index, :, i] * v).to(v.dtype)
+            x = x + op.out_proj(v * gates[0])
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        self.conv.push(t, inputs)
+        self.t = t + 1
+        return self.model.output(self.model.norm(x))

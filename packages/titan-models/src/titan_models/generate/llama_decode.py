@@ -1,0 +1,74 @@
+"""Incremental Llama 3 decoding with a KV cache, using a Transformer's weights as they are.
+
+The training forward (model.py) stays as it is; this walks the same modules, keeping each layer's rotated
+keys and values so a new token attends to the cache instead of recomputing the prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from titan_models.llama3.model import Transformer, repeat_kv
+from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
+
+
+class LlamaDecoder:
+    """KV-cache state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) Transformer.
+
+    prefill(tokens [B, P]) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new token.
+    """
+
+    def __init__(self, model: Transformer, max_len: int, batch_size: int = 1):
+        if model.tok_embeddings is None or model.output is None:
+            raise ValueError("LlamaDecoder needs the whole model; this one is a pipeline stage")
+        args = model.args
+        self.model, self.max_len = model, max_len
+        weight = model.output.weight
+        # RoPE angles for every position we may reach (the model's table stops at max_seq_len).
+        self.freqs_cis = precompute_freqs_cis(args.head_dim, max_len, args.rope_theta, args.rope_scaling, weight.device)
+        shape = (batch_size, max_len, args.num_kv_heads, args.head_dim)
+        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
+        self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
+        self.t = 0
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run the prompt [B, P] (P >= 1) into the cache; logits [B, P, V]."""
+        if self.t != 0:
+            raise RuntimeError("prefill must come first, once")
+        return self._forward(tokens)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per sequence [B]; logits [B, V] for the next position."""
+        return self._forward(tokens[:, None])[:, 0]
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        bs, seqlen = tokens.shape
+        start, end = self.t, self.t + seqlen
+        if end > self.max_len:
+            raise RuntimeError(f"LlamaDecoder holds {self.max_len} positions; {end} needed")
+        freqs_cis = self.freqs_cis[start:end]
+        # Query i (position start + i) sees keys 0 .. start + i.
+        mask = torch.ones(seqlen, end, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        h = self.model.tok_embeddings(tokens)
+        for index, layer in enumerate(self.model.layers.values()):
+            attention = layer.attention
+            x = layer.attention_norm(h)
+            xq = attention.wq(x).view(bs, seqlen, -1, attention.head_dim)
+            xk = attention.wk(x).view(bs, seqlen, -1, attention.head_dim)
+            xv = attention.wv(x).view(bs, seqlen, -1, attention.head_dim)
+            xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+            self.keys[index][:bs, start:end] = xk
+            self.values[index][:bs, start:end] = xv
+            keys, values = self.keys[index][:bs, :end], self.values[index][:bs, :end]
+            n_rep = xq.shape[2] // keys.shape[2]
+            keys, values = repeat_kv(keys, n_rep), repeat_kv(values, n_rep)
+            out = F.scaled_dot_product_attention(
+                xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+            )
+            h = h + attention.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+            h = h + layer.feed_forward(layer.ffn_norm(h))
+        self.t = end
+        return self.model.output(self.model.norm(h))

@@ -1,0 +1,23 @@
+import dataclasses
+
+import pytest
+import torch
+
+from titan_models import get_model_spec
+
+
+def build_model(name: str = "hyena", flavor: str = "tiny", seed: int = 0, **overrides) -> torch.nn.Module:
+    """Built the way the trainer builds it: on meta, then to_empty, then init_weights."""
+    spec = get_model_spec(name)
+    args = dataclasses.replace(spec.args_for(flavor), **overrides)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=seed)
+    return model
+
+
+@pytest.fixture
+def build():
+    """build(name="hyena", flavor="tiny", seed=0, **args overrides) -> initialized model."""
+    return build_model
