@@ -24,9 +24,9 @@ class Job:
 @dataclass
 class Model:
     name: str = "llama3"
-    """Model family registered in titan-models (e.g. llama3)."""
+    """Model family registered in titan-models: llama3 or hyena."""
     flavor: str = "debug"
-    """Size of the model within its family (llama3: tiny, debug, 8B, 70B, 405B)."""
+    """Size of the model within its family (llama3: tiny, debug, 8B, 70B, 405B; hyena: tiny, debug, 125M)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
 
