@@ -27,14 +27,13 @@ def clean_name(name: str) -> str:
     return name
 
 
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A plain CPU copy of the whole tensor, gathered if it is a DTensor."""
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+
+
 def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    grads = {}
-    for name, param in model.named_parameters():
-        grad = param.grad
-        if isinstance(grad, DTensor):
-            grad = grad.full_tensor()
-        grads[clean_name(name)] = grad.detach().cpu().clone()
-    return grads
+    return {clean_name(name): full(param.grad) for name, param in model.named_parameters()}
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):

@@ -4,15 +4,11 @@ model parameters and AdamW moments as plain tensors, before any step. Launched l
 import sys
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from parity_driver import clean_name, full
 from titan_train.config import load_config, parse_argv
 from titan_train.distributed import init_distributed, shutdown_distributed
 from titan_train.train import Trainer
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
 
 
 def main(argv: list[str]) -> None:
@@ -23,7 +19,7 @@ def main(argv: list[str]) -> None:
         trainer = Trainer(config, env)
         model, optimizer = {}, {}
         for name, param in trainer.model.named_parameters():
-            name = name.replace("_checkpoint_wrapped_module.", "")
+            name = clean_name(name)
             model[name] = full(param)
             for key, value in trainer.optimizer.state.get(param, {}).items():
                 if key != "step":

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from titan_models import get_model_spec
 from titan_parallel import ParallelDims, check_tp_degree
 from titan_train.config import ConfigError, JobConfig
 
@@ -17,6 +18,11 @@ class Layout:
 
     def describe(self) -> str:
         return f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
+
+
+def _model_plan(config: JobConfig):
+    spec = get_model_spec(config.model.name)
+    return spec.plan(spec.args_for(config.model.flavor))
 
 
 def resolve_layout(config: JobConfig, world_size: int) -> Layout:
@@ -37,15 +43,12 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"parallelism.pipeline_parallel_degree={dims.pp} is not supported by the trainer yet (its library is "
             "in titan-parallel; the wiring lands with the pipeline issue); use 1"
         )
-    if dims.cp > 1:
-        from titan_models import get_model_spec
-
-        spec = get_model_spec(config.model.name)
-        if not spec.plan(spec.args_for(config.model.flavor)).context_parallel:
-            raise ConfigError(
-                f"parallelism.context_parallel_degree={dims.cp}: model.name={config.model.name!r} has no attention "
-                "to run as ring attention; use 1"
-            )
+    plan = _model_plan(config)
+    if dims.cp > 1 and not plan.context_parallel:
+        raise ConfigError(
+            f"parallelism.context_parallel_degree={dims.cp}: model.name={config.model.name!r} has no attention "
+            "to run as ring attention; use 1"
+        )
     if dims.cp > 1 and t.seq_len % (2 * dims.cp):
         raise ConfigError(
             f"training.seq_len={t.seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "
@@ -70,11 +73,8 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             "or compile.enable=false"
         )
     if dims.tp > 1:
-        from titan_models import get_model_spec
-
-        spec = get_model_spec(config.model.name)
         try:
-            check_tp_degree(dims.tp, spec.plan(spec.args_for(config.model.flavor)).tp_divisible)
+            check_tp_degree(dims.tp, plan.tp_divisible)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     per_step = t.local_batch_size * dims.dp

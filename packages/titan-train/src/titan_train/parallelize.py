@@ -1,16 +1,12 @@
 """Apply the run's parallelisms to a model built on the meta device, in the fixed order TP -> AC -> compile
 -> data parallel (FSDP/HSDP or DDP), from the model's plan. Weights are materialized afterwards."""
 
-import logging
-
 import torch
 import torch.nn as nn
 
 from titan_float8 import float8_tp_plan
 from titan_parallel import ParallelDims, apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
 from titan_train.config import JobConfig
-
-logger = logging.getLogger("titan")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

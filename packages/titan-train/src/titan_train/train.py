@@ -79,6 +79,12 @@ class Trainer:
         self.compute_dtype = DTYPES[t.mixed_precision_param]
         self.loss_parallel = self.dims.tp > 1 and config.parallelism.enable_loss_parallel
         self.cp_mesh = self.dims.submesh("cp")
+        # The global positions of this rank's two load-balanced chunks: the same for every micro-batch.
+        self.cp_positions = (
+            load_balanced_positions(t.seq_len, self.dims.cp, self.cp_mesh.get_local_rank(), env.device)
+            if self.cp_mesh is not None
+            else None
+        )
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
@@ -135,16 +141,12 @@ class Trainer:
             dtype=self.compute_dtype,
             enabled=self.compute_dtype != torch.float32 and not uses_fsdp(self.dims),
         )
-        positions = None
         if self.cp_mesh is not None:
             # Each rank keeps two load-balanced chunks of the sequence; RoPE follows their global positions.
             inputs, labels = shard_sequence([inputs, labels], self.cp_mesh)
-            positions = load_balanced_positions(
-                self.config.training.seq_len, self.dims.cp, self.cp_mesh.get_local_rank(), self.env.device
-            )
         with self.cp_context(), loss_context(self.loss_parallel):  # backward too: AC re-runs attention
             with autocast:
-                loss = cross_entropy(self.model(inputs, positions), labels) * scale
+                loss = cross_entropy(self.model(inputs, self.cp_positions), labels) * scale
             loss.backward()
         return loss.detach()
 
