@@ -11,6 +11,7 @@ import itertools
 import sys
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titan_train.config import load_config, parse_argv
@@ -32,8 +33,19 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
 
 
-def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {clean_name(name): full(param.grad) for name, param in model.named_parameters()}
+def full_grads(parts: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    return merged_over_ranks(
+        {clean_name(name): full(param.grad) for part in parts for name, param in part.named_parameters()}
+    )
+
+
+def merged_over_ranks(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's entries in one dict (on every rank): pipeline stages hold different parameters."""
+    if not dist.is_initialized():
+        return tensors
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, tensors)
+    return {name: tensor for entries in everyone for name, tensor in entries.items()}
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):
@@ -76,7 +88,7 @@ def main(argv: list[str]) -> None:
             losses.append(loss)
             norms.append(grad_norm)
             if step == 0:
-                grads = full_grads(trainer.model)
+                grads = full_grads(trainer.model_parts)
         if env.rank == 0:
             torch.save({"losses": losses, "grad_norms": norms, "grads": grads}, out)
     finally:

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from parity_driver import clean_name, full
+from parity_driver import clean_name, full, merged_over_ranks
 from titan_train.config import load_config, parse_argv
 from titan_train.distributed import init_distributed, shutdown_distributed
 from titan_train.train import Trainer
@@ -18,12 +18,15 @@ def main(argv: list[str]) -> None:
     try:
         trainer = Trainer(config, env)
         model, optimizer = {}, {}
-        for name, param in trainer.model.named_parameters():
-            name = clean_name(name)
-            model[name] = full(param)
-            for key, value in trainer.optimizer.state.get(param, {}).items():
-                if key != "step":
-                    optimizer[f"{name}.{key}"] = full(value)
+        parts = zip(trainer.model_parts, trainer.optimizer.optimizers, strict=True)
+        for part, part_optimizer in parts:
+            for name, param in part.named_parameters():
+                name = clean_name(name)
+                model[name] = full(param)
+                for key, value in part_optimizer.state.get(param, {}).items():
+                    if key != "step":
+                        optimizer[f"{name}.{key}"] = full(value)
+        model, optimizer = merged_over_ranks(model), merged_over_ranks(optimizer)
         if env.rank == 0:
             torch.save({"step": trainer.step_count, "model": model, "optimizer": optimizer}, out)
     finally:

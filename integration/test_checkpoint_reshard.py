@@ -1,6 +1,7 @@
 """Resume on a different layout (CPU/gloo, torchrun): a checkpoint written by FSDP 2 loads on FSDP 4,
-TP 2 and one process. Model and optimizer state arrive bit-identical (compared as full tensors right after
-the load), and training goes on from the saved step."""
+TP 2, PP 2, FSDP 2 x PP 2 and one process; one written by PP 2 (two stages per rank) loads on one process
+and on FSDP 2. Model and optimizer state arrive bit-identical (compared as full tensors right after the
+load, gathered from every pipeline stage)."""
 
 import pytest
 import torch
@@ -13,23 +14,43 @@ TINY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def fsdp2_checkpoint(tmp_path_factory):
-    dump = tmp_path_factory.mktemp("reshard") / "run"
-    proc = run_titan([*TINY, "--job.dump_folder", str(dump), "--training.steps", "3"], nproc=2)
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+
+
+def write_checkpoint(dump, layout: list[str]):
+    proc = run_titan([*TINY, *layout, "--job.dump_folder", str(dump), "--training.steps", "3"], nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = run_script("state_dump.py", [str(dump / "saved.pt"), *TINY, "--job.dump_folder", str(dump)], nproc=2)
+    saved = run_script("state_dump.py", [str(dump / "saved.pt"), *TINY, *layout, "--job.dump_folder", str(dump)],
+                       nproc=2)  # fmt: skip
     assert saved.returncode == 0, saved.stderr[-3000:]
     return dump
 
 
+@pytest.fixture(scope="module")
+def fsdp2_checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("reshard") / "run", [])
+
+
+@pytest.fixture(scope="module")
+def pp2_checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("reshard_pp") / "run", PP2)
+
+
 @pytest.mark.parametrize(
-    "nproc, layout",
-    [(4, []), (2, ["--parallelism.tensor_parallel_degree", "2"]), (None, [])],
-    ids=["fsdp4", "tp2", "one_process"],
+    "source, nproc, layout",
+    [
+        ("fsdp2_checkpoint", 4, []),
+        ("fsdp2_checkpoint", 2, ["--parallelism.tensor_parallel_degree", "2"]),
+        ("fsdp2_checkpoint", None, []),
+        ("fsdp2_checkpoint", 2, ["--parallelism.pipeline_parallel_degree", "2"]),
+        ("fsdp2_checkpoint", 4, PP2),
+        ("pp2_checkpoint", None, []),
+        ("pp2_checkpoint", 2, []),
+    ],
+    ids=["fsdp4", "tp2", "one_process", "pp2", "fsdp2_pp2", "pp2_to_one_process", "pp2_to_fsdp2"],
 )
-def test_fsdp2_checkpoint_loads_on_another_layout(fsdp2_checkpoint, nproc, layout, tmp_path):
-    dump = fsdp2_checkpoint
+def test_checkpoint_loads_on_another_layout(request, source, nproc, layout, tmp_path):
+    dump = request.getfixturevalue(source)
     out = tmp_path / "loaded.pt"
     proc = run_script("state_dump.py", [str(out), *TINY, *layout, "--job.dump_folder", str(dump)], nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]

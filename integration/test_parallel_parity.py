@@ -48,12 +48,37 @@ CASES = [
     ("tp2_cp2", 4, 1, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
 ]  # fmt: skip
 
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+LOCAL_BATCH_4 = ("--training.local_batch_size", "4")  # 4 micro-batches: DualPipeV needs one per stage
+# (id, world size, data-parallel degree, options the reference shares, options); the tiny model has 4 blocks,
+# so multi-stage schedules run 2 stages of 1 block on each of 2 pipeline ranks.
+PP_CASES = [
+    ("pp2_gpipe_explicit_split", 2, 1, LOCAL_BATCH_4,
+     [*PP2, "--parallelism.pipeline_parallel_schedule", "GPipe",
+      "--parallelism.pipeline_parallel_stage_blocks", "layers.0,layers.1 layers.2 layers.3"]),
+    ("pp2_1f1b_ac_full", 2, 1, LOCAL_BATCH_4, [*PP2, "--activation_checkpoint.mode", "full"]),
+    ("pp2_interleaved1f1b_accumulation", 2, 1, ("--training.global_batch_size", "4"),
+     [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("pp2_interleaved_zero_bubble", 2, 1, LOCAL_BATCH_4,
+     [*PP2, "--parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble"]),
+    ("pp2_zbv_ac_full", 2, 1, LOCAL_BATCH_4,
+     [*PP2, "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--activation_checkpoint.mode", "full"]),
+    ("pp2_dualpipev", 2, 1, LOCAL_BATCH_4, [*PP2, "--parallelism.pipeline_parallel_schedule", "DualPipeV"]),
+    ("pp2_1f1b_compile_layers_per_stage", 2, 1, (),
+     [*PP2, "--compile.enable", "true", "--parallelism.pipeline_parallel_layers_per_stage", "3"]),
+    ("fsdp2_pp2_interleaved1f1b", 4, 2, (), [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("tp2_pp2", 4, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
+    ("fsdp2_tp2_pp2", 8, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
+    ("pp2_tp2_cp2", 8, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
+                               "--parallelism.context_parallel_degree", "2"]),
+]  # fmt: skip
+
 
 @functools.cache
-def reference(dp: int, tmp_root: str, bf16: bool) -> dict:
-    out = f"{tmp_root}/reference_dp{dp}_{'bf16' if bf16 else 'fp32'}.pt"
+def reference(dp: int, tmp_root: str, bf16: bool, options: tuple[str, ...] = ()) -> dict:
+    out = f"{tmp_root}/reference_dp{dp}_{'bf16' if bf16 else 'fp32'}_{'_'.join(options)}.pt"
     extra = ["--training.mixed_precision_param", "bfloat16"] if bf16 else []
-    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *extra,
+    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *extra, *options,
                                            "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out)
@@ -79,6 +104,16 @@ def test_layout_matches_single_process(case_id, world, dp, options, tmp_root):
                       nproc=world)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_parity(torch.load(out), reference(dp, tmp_root, bf16=False), **FP32)
+
+
+@pytest.mark.parametrize("case_id, world, dp, shared, options", PP_CASES, ids=[c[0] for c in PP_CASES])
+def test_pipeline_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
+    """Pipeline stages hold different parameters: the driver gathers every stage's gradients."""
+    out = f"{tmp_root}/{case_id}.pt"
+    proc = run_script("parity_driver.py", [out, *MODEL, *shared, *options, "--job.dump_folder",
+                                           f"{tmp_root}/{case_id}"], nproc=world)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_parity(torch.load(out), reference(dp, tmp_root, False, shared), **FP32)
 
 
 def test_fsdp_bfloat16_params_float32_reduce(tmp_root):

@@ -72,6 +72,13 @@ def test_console_line(titan_logs):
         assert f"  {field}" in line, (field, line)
 
 
+def test_per_rank_values_are_shown_and_written_in_rank_order(tmp_path, titan_logs):
+    with MetricsLogger(tmp_path, rank=0) as metrics:
+        metrics.log(3, {"memory": 1.0, "memory_pp": {"0": 1.0, "1": 0.5}})
+    assert titan_logs.records[0].getMessage() == "step    3  mem 1.00GiB  mem/pp-rank 1.00GiB|0.50GiB"
+    assert read_jsonl(tmp_path / "metrics.jsonl")[0]["memory_pp"] == {"0": 1.0, "1": 0.5}
+
+
 def test_console_line_unknown_and_missing_fields(titan_logs):
     metrics = MetricsLogger(None, rank=0)  # total unknown: no bar
     metrics.log(7, {"loss": 2.0, "mfu": None})

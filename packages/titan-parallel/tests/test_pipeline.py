@@ -21,6 +21,7 @@ from titan_parallel import (  # noqa: E402
     build_pipeline,
     build_stage_modules,
     check_microbatches,
+    check_schedule_support,
     resolve_num_stages,
     schedule_class,
     split_blocks,
@@ -201,6 +202,15 @@ def test_zero_bubble_refuses_compiled_blocks():
     part.layers["0"].compile(backend="eager")  # in place, as apply_compile does: no OptimizedModule to detect
     with pytest.raises(ValueError, match="'ZBVZeroBubble' splits backward.*compile.enable=false"):
         build_pipeline([part, part], (0, 3), 4, None, torch.device("cpu"), "ZBVZeroBubble", 4, pp_toy.cross_entropy)
+
+
+def test_zero_bubble_refuses_per_op_checkpointing_before_any_build():
+    with pytest.raises(ValueError, match="'DualPipeV' splits backward.*selective activation checkpointing allows one"):
+        check_schedule_support("dualpipev", op_level_ac=True)
+    with pytest.raises(ValueError, match="'InterleavedZeroBubble' splits backward.*compile.enable=false"):
+        check_schedule_support("InterleavedZeroBubble", compiled=True)
+    for name in ("GPipe", "1F1B", "Interleaved1F1B"):
+        check_schedule_support(name, compiled=True, op_level_ac=True)
 
 
 def test_single_stage_schedule_refuses_two_stages():

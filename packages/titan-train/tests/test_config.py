@@ -179,6 +179,53 @@ def test_whole_block_ac_with_tp_and_compile_is_refused_with_the_workaround(ac):
     assert resolve_layout(config, world_size=2).dims.tp == 2
 
 
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--model.flavor", "debug")  # debug: 6 blocks
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--parallelism.pipeline_parallel_schedule", "1f1x"],
+         "pipeline_parallel_schedule='1f1x' is unknown; use one of GPipe, 1F1B, Interleaved1F1B, "
+         "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV"),
+        (["--parallelism.pipeline_parallel_layers_per_stage", "1", "--parallelism.pipeline_parallel_schedule",
+          "Interleaved1F1B"], "makes 8 stages .* but the model has 6 blocks"),
+        (["--training.local_batch_size", "3", "--parallelism.pipeline_parallel_microbatch_size", "2"],
+         r"local_batch_size=3 is not divisible by .*microbatch_size=2; use a microbatch size in \[1, 3\]"),
+        (["--training.local_batch_size", "1"], "'1F1B' needs at least 2 microbatches"),
+        (["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--compile.enable", "true"],
+         "'ZBVZeroBubble' splits backward .* set compile.enable=false"),
+        (["--parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble", "--activation_checkpoint.mode",
+          "selective"], "per-op selective activation checkpointing allows one"),
+        (["--parallelism.pipeline_parallel_stage_blocks", "layers.0 layers.1,layers.3 layers.2 layers.4 layers.5"],
+         "pipeline_parallel_stage_blocks must list every block once, in model order .* out of order"),
+        (["--parallelism.pipeline_parallel_stage_blocks", "layers.0,layers.1", "--parallelism."
+          "pipeline_parallel_layers_per_stage", "2"], "set only one"),
+    ],
+)  # fmt: skip
+def test_pipeline_errors_name_the_setting_before_any_process_group(options, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_layout(cli(*PP2, "--training.local_batch_size", "2", *options), world_size=2)
+
+
+def test_pipeline_splits():
+    def stages(*options):
+        return resolve_layout(cli(*PP2, "--training.local_batch_size", "4", *options), 2).pipeline.stage_blocks
+
+    # Embedding and output count as a block each: 6 blocks + 2 over 2 stages is 3 + 3, over 4 stages 1+2+2+1.
+    assert [len(s) for s in stages()] == [3, 3]
+    assert [len(s) for s in stages("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B")] == [1, 2, 2, 1]
+    interleaved_2_per_stage = ("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+                               "--parallelism.pipeline_parallel_layers_per_stage", "2")  # fmt: skip
+    assert [len(s) for s in stages(*interleaved_2_per_stage)] == [1, 2, 2, 1]
+    explicit = stages("--parallelism.pipeline_parallel_stage_blocks", "layers.0,layers.1 layers.2 layers.3 layers.4 "
+                      "layers.5")  # fmt: skip
+    assert explicit == [["layers.0"], ["layers.1", "layers.2", "layers.3", "layers.4", "layers.5"]]
+    pipeline = resolve_layout(cli(*PP2, "--training.local_batch_size", "4"), 2).pipeline
+    assert pipeline.n_microbatches == 4 and pipeline.schedule == "1F1B"
+    assert resolve_layout(cli("--model.flavor", "debug"), 1).pipeline is None
+
+
 def test_layout_product_must_match_world_size():
     with pytest.raises(ConfigError, match="parallelism: .* the world size is 1"):
         resolve_layout(

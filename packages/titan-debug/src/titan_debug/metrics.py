@@ -104,7 +104,11 @@ class MetricsLogger:
         for key, label, fmt in _CONSOLE_FIELDS:
             if key in record:
                 value = record[key]
-                parts.append(f"{label} {'n/a' if value is None else fmt(float(value))}")
+                if isinstance(value, Mapping):  # one value per rank, e.g. per pipeline rank
+                    shown = "|".join("n/a" if v is None else fmt(float(v)) for v in value.values())
+                else:
+                    shown = "n/a" if value is None else fmt(float(value))
+                parts.append(f"{label} {shown}")
         return "  ".join(parts)
 
     def close(self) -> None:
@@ -129,6 +133,7 @@ _CONSOLE_FIELDS = (
     ("tps", "tps", lambda v: f"{v:,.0f}" if math.isfinite(v) else str(v)),
     ("mfu", "mfu", lambda v: f"{100 * v:.1f}%"),
     ("memory", "mem", lambda v: f"{v:.2f}GiB"),
+    ("memory_pp", "mem/pp-rank", lambda v: f"{v:.2f}GiB"),
 )
 
 

@@ -8,7 +8,8 @@
 - `apply_fsdp` / `apply_ddp`: FSDP2 (HSDP on a 2-D mesh) or DDP.
 - `clip_grad_norm_`: gradient clipping across every mesh.
 - Pipeline parallel: `split_blocks` + `build_stage_modules` (stages from the plan's blocks), the checks
-  `resolve_num_stages` / `check_microbatches`, `stage_ids_for_rank`, `build_pipeline` -> `Pipeline.step`.
+  `resolve_num_stages` / `check_microbatches` / `check_schedule_support`, `schedule_name`,
+  `stage_ids_for_rank`, `build_pipeline` -> `Pipeline.step`.
 - Context parallel: `shard_sequence` / `unshard_sequence` / `load_balanced_positions` (the causal
   load-balanced split), `ring_attention`, and `context_parallel_attention` (routes SDPA to it).
 Coming with its issue: SimpleFSDP.
@@ -31,8 +32,10 @@ from titan_parallel.pipeline import (
     Pipeline,
     build_pipeline,
     check_microbatches,
+    check_schedule_support,
     resolve_num_stages,
     schedule_class,
+    schedule_name,
     stage_ids_for_rank,
 )
 from titan_parallel.pipeline_split import build_stage_modules, split_blocks
@@ -53,6 +56,7 @@ __all__ = [
     "build_pipeline",
     "build_stage_modules",
     "check_microbatches",
+    "check_schedule_support",
     "check_tp_degree",
     "clip_grad_norm_",
     "context_parallel_attention",
@@ -64,6 +68,7 @@ __all__ = [
     "resolve_num_stages",
     "ring_attention",
     "schedule_class",
+    "schedule_name",
     "shard_sequence",
     "split_blocks",
     "stage_ids_for_rank",

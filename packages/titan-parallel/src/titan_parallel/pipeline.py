@@ -3,6 +3,7 @@
 A trainer, in order (the checks need no process group, so they run with the config's validation):
 
     num_stages = resolve_num_stages(schedule, pp, len(plan.block_fqns))
+    check_schedule_support(schedule, compiled=compiled, op_level_ac=ac_mode == "op")
     n_microbatches = check_microbatches(schedule, pp, num_stages, local_batch_size, microbatch_size)
     blocks = split_blocks(plan.block_fqns, num_stages)                     # pipeline_split.py
     ids = stage_ids_for_rank(schedule, pp_rank, pp, num_stages)
@@ -105,6 +106,24 @@ def resolve_num_stages(
             f"parallelism.pipeline_parallel_degree={pp_degree} or the stages per rank"
         )
     return num_stages
+
+
+def check_schedule_support(schedule: str, *, compiled: bool = False, op_level_ac: bool = False) -> None:
+    """Zero-bubble schedules split each backward into an input part and a weight part: compiled blocks do
+    not support that, and per-op (selective) activation checkpointing allows one backward per region.
+    A ValueError naming the settings to change."""
+    name = schedule_name(schedule)
+    if name not in ZERO_BUBBLE:
+        return
+    split = f"parallelism.pipeline_parallel_schedule={name!r} splits backward into input and weight parts"
+    if compiled:
+        raise ValueError(f"{split}, which compiled blocks do not support; set compile.enable=false or use 1F1B / "
+                         "Interleaved1F1B")  # fmt: skip
+    if op_level_ac:
+        raise ValueError(
+            f"{split}, two backward passes, but per-op selective activation checkpointing allows one; use "
+            "activation_checkpoint.mode='full' (or selective every N blocks), or 1F1B / Interleaved1F1B"
+        )
 
 
 def stage_ids_for_rank(schedule: str, pp_rank: int, pp_degree: int, num_stages: int) -> tuple[int, ...]:
@@ -234,12 +253,11 @@ def build_pipeline(
     name = schedule_name(schedule)
     if len(model_parts) != len(stage_ids):
         raise ValueError(f"{len(model_parts)} model parts for {len(stage_ids)} stage ids; need one each")
-    if name in ZERO_BUBBLE and any(getattr(m, "_compiled_call_impl", None) for p in model_parts for m in p.modules()):
-        # torch refuses torch.compile'd stages for these (OptimizedModule), but not in-place compiled blocks.
-        raise ValueError(
-            f"parallelism.pipeline_parallel_schedule={name!r} splits backward into input and weight parts, "
-            "which compiled blocks do not support; set compile.enable=false or use 1F1B / Interleaved1F1B"
-        )
+    # torch refuses torch.compile'd stages for zero-bubble schedules (OptimizedModule), but not in-place
+    # compiled blocks, which then fail mid-step.
+    check_schedule_support(
+        name, compiled=any(getattr(m, "_compiled_call_impl", None) for p in model_parts for m in p.modules())
+    )
     cls = get_schedule_class(name)
     single = issubclass(cls, PipelineScheduleSingle)
     if single and len(model_parts) != 1:

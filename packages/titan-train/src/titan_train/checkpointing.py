@@ -32,8 +32,9 @@ def build_checkpoint_manager(trainer) -> CheckpointManager | None:
         return None
     dims = trainer.dims
     states = {
-        "model": ModelState(trainer.model),
-        "optimizer": OptimizerState(trainer.model, trainer.optimizer),
+        # One entry for all of this rank's pipeline stages: keys are the plain model's, whatever the layout.
+        "model": ModelState(trainer.model_parts),
+        "optimizer": OptimizerState(trainer.model_parts, trainer.optimizer.optimizers),
         "lr_scheduler": trainer.lr_scheduler,
         # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
         "dataloader": DataParallelState(trainer.dataloader, dims.local_rank("dp"), dims.dp),

@@ -6,18 +6,45 @@ from dataclasses import dataclass
 import torch
 
 from titan_models import get_model_spec
-from titan_parallel import ParallelDims, check_tp_degree
+from titan_parallel import (
+    ParallelDims,
+    check_microbatches,
+    check_schedule_support,
+    check_tp_degree,
+    resolve_num_stages,
+    schedule_name,
+    split_blocks,
+)
 from titan_train.config import ConfigError, JobConfig
+
+
+@dataclass
+class PipelineLayout:
+    schedule: str
+    stage_blocks: list[list[str]]
+    """The block FQNs of each stage of the whole pipeline, in order."""
+    n_microbatches: int
+    """Pipeline micro-batches per local batch."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_blocks)
 
 
 @dataclass
 class Layout:
     dims: ParallelDims
     accumulation_steps: int
-    """Micro-batches per optimizer step on each data-parallel rank."""
+    """Local batches per optimizer step on each data-parallel rank."""
+    pipeline: PipelineLayout | None = None
+    """None without pipeline parallelism."""
 
     def describe(self) -> str:
-        return f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
+        text = f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
+        if self.pipeline is not None:
+            pp = self.pipeline
+            text += f", {pp.schedule} over {pp.num_stages} stages x {pp.n_microbatches} micro-batches"
+        return text
 
 
 def _model_plan(config: JobConfig):
@@ -38,11 +65,6 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         )
     except ValueError as e:
         raise ConfigError(f"parallelism: {e}") from None
-    if dims.pp > 1:
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_degree={dims.pp} is not supported by the trainer yet (its library is "
-            "in titan-parallel; the wiring lands with the pipeline issue); use 1"
-        )
     plan = _model_plan(config)
     if dims.cp > 1 and not plan.context_parallel:
         raise ConfigError(
@@ -84,4 +106,37 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"training.global_batch_size={global_batch} is not a multiple of training.local_batch_size="
             f"{t.local_batch_size} x data-parallel degree {dims.dp} = {per_step}; use a multiple of {per_step}"
         )
-    return Layout(dims=dims, accumulation_steps=global_batch // per_step)
+    pipeline = _pipeline_layout(config, dims, plan.block_fqns) if dims.pp > 1 else None
+    return Layout(dims=dims, accumulation_steps=global_batch // per_step, pipeline=pipeline)
+
+
+def _pipeline_layout(config: JobConfig, dims: ParallelDims, block_fqns: list[str]) -> PipelineLayout:
+    p = config.parallelism
+    explicit = [entry.split() for entry in p.pipeline_parallel_stage_blocks] or None
+    if explicit and p.pipeline_parallel_layers_per_stage:
+        raise ConfigError(
+            "parallelism.pipeline_parallel_stage_blocks and parallelism.pipeline_parallel_layers_per_stage both "
+            "set the stages; set only one"
+        )
+    try:
+        num_stages = resolve_num_stages(
+            p.pipeline_parallel_schedule,
+            dims.pp,
+            len(block_fqns),
+            layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
+            num_stages=len(explicit) if explicit else None,
+        )
+        ac = config.activation_checkpoint
+        op_level_ac = ac.mode == "selective" and ac.selective_ac_option == "op"
+        check_schedule_support(p.pipeline_parallel_schedule, compiled=config.compile.enable, op_level_ac=op_level_ac)
+        n_microbatches = check_microbatches(
+            p.pipeline_parallel_schedule,
+            dims.pp,
+            num_stages,
+            config.training.local_batch_size,
+            p.pipeline_parallel_microbatch_size,
+        )
+        stage_blocks = split_blocks(block_fqns, num_stages, stage_blocks=explicit)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return PipelineLayout(schedule_name(p.pipeline_parallel_schedule), stage_blocks, n_microbatches)

@@ -51,3 +51,41 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
 
 def build_lr_scheduler(optimizer, cfg: LRScheduler, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, total_steps=total_steps, cfg=cfg))
+
+
+class Optimizers:
+    """One optimizer per model part (this rank's pipeline stages; one part without pipelining), stepped
+    together. One each, because a checkpoint keys optimizer state by each part's parameter names."""
+
+    def __init__(self, parts: list[torch.nn.Module], cfg: Optimizer, device_type: str):
+        self.optimizers = [build_optimizer(part.parameters(), cfg, device_type) for part in parts]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+class LRSchedulers:
+    """The schedule of every optimizer in `Optimizers`. They stay in step, so a checkpoint holds one state,
+    loaded into each (a checkpoint then loads whatever the number of parts)."""
+
+    def __init__(self, optimizers: Optimizers, cfg: LRScheduler, total_steps: int):
+        self.schedulers = [build_lr_scheduler(o, cfg, total_steps) for o in optimizers.optimizers]
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.schedulers[0].get_last_lr()
+
+    def state_dict(self) -> dict:
+        return self.schedulers[0].state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        for scheduler in self.schedulers:
+            scheduler.load_state_dict(state)

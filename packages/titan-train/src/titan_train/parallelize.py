@@ -1,5 +1,8 @@
-"""Apply the run's parallelisms to a model built on the meta device, in the fixed order TP -> AC -> compile
--> data parallel (FSDP/HSDP or DDP), from the model's plan. Weights are materialized afterwards."""
+"""Apply the run's parallelisms to a model (or one pipeline stage of it) built on the meta device, in the
+fixed order TP -> AC -> compile -> data parallel (FSDP/HSDP or DDP), from the model's plan. Weights are
+materialized afterwards."""
+
+import dataclasses
 
 import torch
 import torch.nn as nn
@@ -37,6 +40,25 @@ def parallelize(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -
     elif dims.dp_replicate > 1:
         apply_ddp(model, dims.submesh("dp_replicate"), compiled=config.compile.enable)
     return model
+
+
+def stage_plan(plan, part: nn.Module):
+    """The plan of what `part` (a pipeline stage, or the whole model) holds: its blocks, and the tensor-parallel
+    entries of modules it has (a stage without the embedding has no "tok_embeddings" to shard)."""
+
+    def tp_plan(**options):
+        return {fqn: style for fqn, style in plan.tp_plan(**options).items() if "*" in fqn or _has(part, fqn)}
+
+    blocks = [fqn for fqn in plan.block_fqns if _has(part, fqn)]
+    return dataclasses.replace(plan, block_fqns=blocks, tp_plan=tp_plan)
+
+
+def _has(model: nn.Module, fqn: str) -> bool:
+    try:
+        model.get_submodule(fqn)
+    except AttributeError:  # absent, or set to None by the stage split
+        return False
+    return True
 
 
 def uses_fsdp(dims: ParallelDims) -> bool:

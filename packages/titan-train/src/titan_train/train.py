@@ -26,19 +26,23 @@ from titan_debug import (
 from titan_float8 import convert_to_float8, precompute_float8_scales
 from titan_models import get_model_spec
 from titan_parallel import (
+    Pipeline,
+    build_pipeline,
+    build_stage_modules,
     clip_grad_norm_,
     context_parallel_attention,
     load_balanced_positions,
     loss_context,
     shard_sequence,
+    stage_ids_for_rank,
 )
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
 from titan_train.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.layout import resolve_layout
-from titan_train.optim import build_lr_scheduler, build_optimizer
-from titan_train.parallelize import DTYPES, parallelize, uses_fsdp
+from titan_train.optim import LRSchedulers, Optimizers
+from titan_train.parallelize import DTYPES, parallelize, stage_plan, uses_fsdp
 from titan_train.tokenizer import load_tokenizer
 
 logger = logging.getLogger("titan")
@@ -62,7 +66,16 @@ class Trainer:
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec = get_model_spec(config.model.name)
         self.model_args = self._model_args(self.tokenizer.vocab_size)
-        self.model = self._build_model()
+        self.cp_mesh = self.dims.submesh("cp")
+        # The global positions of this rank's two load-balanced chunks: the same for every micro-batch.
+        self.cp_positions = (
+            load_balanced_positions(t.seq_len, self.dims.cp, self.cp_mesh.get_local_rank(), env.device)
+            if self.cp_mesh is not None
+            else None
+        )
+        self.stage_ids = self._stage_ids()
+        self.model_parts = self._build_model_parts()
+        self.pipeline = self._build_pipeline()
         self.dataloader = build_dataloader(
             dataset=t.dataset,
             dataset_path=t.dataset_path,
@@ -74,17 +87,10 @@ class Trainer:
             num_workers=t.dataloader_num_workers,
             seed=t.seed,
         )
-        self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, env.device.type)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, t.steps)
+        self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
+        self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.compute_dtype = DTYPES[t.mixed_precision_param]
         self.loss_parallel = self.dims.tp > 1 and config.parallelism.enable_loss_parallel
-        self.cp_mesh = self.dims.submesh("cp")
-        # The global positions of this rank's two load-balanced chunks: the same for every micro-batch.
-        self.cp_positions = (
-            load_balanced_positions(t.seq_len, self.dims.cp, self.cp_mesh.get_local_rank(), env.device)
-            if self.cp_mesh is not None
-            else None
-        )
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
         self.step_count = 0
@@ -116,18 +122,58 @@ class Trainer:
             )
         return dataclasses.replace(args, max_seq_len=max(args.max_seq_len, cfg.training.seq_len))
 
-    def _build_model(self) -> torch.nn.Module:
-        """Built on the meta device, parallelized, then materialized on this rank's device and initialized."""
+    @property
+    def model(self) -> torch.nn.Module:
+        """The whole model; with pipeline parallelism there is none on one rank: use `model_parts`."""
+        if self.pipeline is not None:
+            raise AttributeError("with pipeline parallelism each rank holds stages: use Trainer.model_parts")
+        return self.model_parts[0]
+
+    def parameters(self):
+        for part in self.model_parts:
+            yield from part.parameters()
+
+    def _stage_ids(self) -> tuple[int, ...]:
+        """The pipeline stages this rank runs (one, or two and more for multi-stage schedules); () without PP."""
+        pp = self.layout.pipeline
+        if pp is None:
+            return ()
+        return stage_ids_for_rank(pp.schedule, self.dims.local_rank("pp"), self.dims.pp, pp.num_stages)
+
+    def _build_model_parts(self) -> list[torch.nn.Module]:
+        """The model (or this rank's pipeline stages) built on the meta device, parallelized, then materialized
+        on this rank's device and initialized."""
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
         # Float8 swaps the Linear layers first: TP, compile and FSDP then see the float8 modules.
         convert_to_float8(model, self.config.float8)
-        parallelize(model, self.spec.plan(self.model_args), self.dims, self.config)
-        model.to_empty(device=self.env.device)
-        # Each parameter is drawn from (seed, its name): the weights do not depend on the parallel layout.
-        with torch.no_grad():
-            model.init_weights(buffer_device=self.env.device, seed=self.config.training.seed)
-        return model
+        plan = self.spec.plan(self.model_args)
+        parts = [model]
+        if self.layout.pipeline is not None:
+            stages = self.layout.pipeline.stage_blocks
+            parts = build_stage_modules(model, stages, self.stage_ids, plan.input_fqns, plan.output_fqns)
+        for part in parts:
+            parallelize(part, stage_plan(plan, part), self.dims, self.config)
+            part.to_empty(device=self.env.device)
+            # Each parameter is drawn from (seed, its name): the weights do not depend on the parallel layout.
+            with torch.no_grad():
+                part.init_weights(buffer_device=self.env.device, seed=self.config.training.seed)
+        return parts
+
+    def _build_pipeline(self) -> Pipeline | None:
+        pp = self.layout.pipeline
+        if pp is None:
+            return None
+        if self.cp_positions is not None:
+            # A stage is called with its input only; hand it this rank's global positions, as the plain model
+            # gets them, so RoPE follows the sequence chunks this rank holds.
+            for part in self.model_parts:
+                part.register_forward_pre_hook(lambda _, args: (*args, self.cp_positions))
+        group = self.dims.submesh("pp").get_group()
+        return build_pipeline(
+            self.model_parts, self.stage_ids, pp.num_stages, group, self.env.device, pp.schedule,
+            pp.n_microbatches, cross_entropy,
+        )  # fmt: skip
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self.throughput.data_wait():
@@ -145,6 +191,9 @@ class Trainer:
             # Each rank keeps two load-balanced chunks of the sequence; RoPE follows their global positions.
             inputs, labels = shard_sequence([inputs, labels], self.cp_mesh)
         with self.cp_context(), loss_context(self.loss_parallel):  # backward too: AC re-runs attention
+            if self.pipeline is not None:
+                with autocast:  # the schedule runs forward and backward of every micro-batch
+                    return self.pipeline.step(inputs, labels, scale)
             with autocast:
                 loss = cross_entropy(self.model(inputs, self.cp_positions), labels) * scale
             loss.backward()
@@ -168,7 +217,8 @@ class Trainer:
         accumulation = self.layout.accumulation_steps
         loss = sum(self.forward_backward(*self.next_batch(), 1.0 / accumulation) for _ in range(accumulation))
         max_norm = self.config.training.max_norm or math.inf
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm).item()
+        pp_group = self.pipeline.group if self.pipeline is not None else None
+        grad_norm = clip_grad_norm_(self.parameters(), max_norm, pp_group=pp_group).item()
         loss = self._mean_over_data_ranks(loss)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.step_count += 1
@@ -178,7 +228,8 @@ class Trainer:
             self.optimizer.step()
             f8 = self.config.float8
             if f8.enable and f8.precompute_float8_dynamic_scale_for_fsdp and uses_fsdp(self.dims):
-                precompute_float8_scales(self.model)  # one all-reduce for every weight's scale
+                for part in self.model_parts:
+                    precompute_float8_scales(part)  # one all-reduce for every weight's scale
         self.lr_scheduler.step()
         self.throughput.add_tokens(self.tokens_per_step)
         return loss, grad_norm, lr
@@ -197,7 +248,17 @@ class Trainer:
         dump, rank, device = cfg.job.dump_folder, self.env.rank, self.env.device
         flops_per_token = self.spec.flops_per_token(self.model_args, t.seq_len)
         peak = peak_flops(device, self.compute_dtype)
-        n_params = sum(p.numel() for p in self.model.parameters())
+        n_params = sum(p.numel() for p in self.parameters())
+        if self.pipeline is not None:
+            per_rank = self.pipeline.gather(n_params)  # a collective: every pipeline rank reaches this line
+            n_params = int(sum(per_rank))
+            stages = self.layout.pipeline.stage_blocks
+            logger.info(
+                "pipeline stages: "
+                + "; ".join(f"{i}: {' '.join(blocks)}" for i, blocks in enumerate(stages))
+                + "; parameters per pipeline rank: "
+                + ", ".join(f"{int(n):,}" for n in per_rank)
+            )
         logger.info(
             f"model {cfg.model.name}/{cfg.model.flavor}: {n_params:,} parameters; "
             f"layout {self.layout.describe()}; device {device}; {t.steps} steps"
@@ -231,7 +292,8 @@ class Trainer:
                         set_collective_timeout(cfg.comm.train_timeout_seconds, self.dims.all_groups())
                     if step == 1 or step % cfg.metrics.log_freq == 0 or step == t.steps:
                         window = self.throughput.lap()
-                        metrics.log(step, {
+                        memory = memory_stats(device)["peak_gib"]
+                        record = {
                             "loss": loss,
                             "grad_norm": grad_norm,
                             "lr": lr,
@@ -239,9 +301,14 @@ class Trainer:
                             "tps_total": window.tokens_per_second * self.env.world_size,
                             "tflops": tflops(window.tokens_per_second, flops_per_token),
                             "mfu": mfu(window.tokens_per_second, flops_per_token, peak),
-                            "memory": memory_stats(device)["peak_gib"],
+                            "memory": memory,
                             "data_time_frac": window.data_time_frac,
-                        })  # fmt: skip
+                        }  # fmt: skip
+                        if self.pipeline is not None:
+                            # Stages differ in memory (the first holds the most activations): show each.
+                            peaks = self.pipeline.gather(memory)
+                            record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(peaks)}
+                        metrics.log(step, record)
                     if self.checkpoint is not None:
                         self.checkpoint.save(step, last=step == t.steps)
                     profiler.step()

@@ -105,9 +105,17 @@ class Parallelism:
     pipeline_parallel_degree: int = 1
     """Pipeline stages over ranks."""
     pipeline_parallel_schedule: str = "1F1B"
-    """Pipeline schedule."""
+    """Pipeline schedule: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble or DualPipeV
+    (the last four run several stages per rank; ZBVZeroBubble and DualPipeV exactly two, V-shaped)."""
     pipeline_parallel_microbatch_size: int = 1
-    """Sequences per pipeline micro-batch."""
+    """Sequences per pipeline micro-batch; training.local_batch_size must divide by it."""
+    pipeline_parallel_layers_per_stage: int = 0
+    """Blocks per stage, counting the embedding and the output as one block each: sets the number of
+    stages (a multiple of pipeline_parallel_degree). 0: one stage per rank, two for multi-stage schedules."""
+    pipeline_parallel_stage_blocks: list[str] = field(default_factory=list)
+    """An explicit split, one entry per stage, each the stage's block names separated by spaces, e.g.
+    ["layers.0", "layers.1 layers.2 layers.3"] (CLI: comma between stages). Empty: split automatically,
+    giving the first and last stage fewer blocks for the embedding and the output."""
     context_parallel_degree: int = 1
     """Ranks the sequence is split over (ring attention; training.seq_len must divide by 2 x this degree)."""
     context_parallel_variant: Literal["p2p", "allgather"] = "p2p"
