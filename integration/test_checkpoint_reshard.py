@@ -1,7 +1,7 @@
 """Resume on a different layout (CPU/gloo, torchrun): a checkpoint written by FSDP 2 loads on FSDP 4,
-TP 2, PP 2, FSDP 2 x PP 2 and one process; one written by PP 2 (two stages per rank) loads on one process
-and on FSDP 2. Model and optimizer state arrive bit-identical (compared as full tensors right after the
-load, gathered from every pipeline stage)."""
+TP 2, PP 2, FSDP 2 x PP 2, SimpleFSDP 2 and one process; one written by PP 2 (two stages per rank) loads on
+one process and on FSDP 2; one written by SimpleFSDP 2 loads on FSDP2 2 and one process. Model and optimizer state arrive
+bit-identical (compared as full tensors right after the load, gathered from every pipeline stage)."""
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ TINY = [
 
 
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+SIMPLE = ["--parallelism.fsdp_implementation", "simple_fsdp"]
 
 
 def write_checkpoint(dump, layout: list[str]):
@@ -36,6 +37,11 @@ def pp2_checkpoint(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("reshard_pp") / "run", PP2)
 
 
+@pytest.fixture(scope="module")
+def simple_fsdp2_checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("reshard_simple") / "run", SIMPLE)
+
+
 @pytest.mark.parametrize(
     "source, nproc, layout",
     [
@@ -46,8 +52,12 @@ def pp2_checkpoint(tmp_path_factory):
         ("fsdp2_checkpoint", 4, PP2),
         ("pp2_checkpoint", None, []),
         ("pp2_checkpoint", 2, []),
+        ("fsdp2_checkpoint", 2, SIMPLE),
+        ("simple_fsdp2_checkpoint", 2, []),
+        ("simple_fsdp2_checkpoint", None, []),
     ],
-    ids=["fsdp4", "tp2", "one_process", "pp2", "fsdp2_pp2", "pp2_to_one_process", "pp2_to_fsdp2"],
+    ids=["fsdp4", "tp2", "one_process", "pp2", "fsdp2_pp2", "pp2_to_one_process", "pp2_to_fsdp2", "simple_fsdp2",
+         "simple_to_fsdp2", "simple_to_one_process"],  # fmt: skip
 )
 def test_checkpoint_loads_on_another_layout(request, source, nproc, layout, tmp_path):
     dump = request.getfixturevalue(source)

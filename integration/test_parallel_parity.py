@@ -48,6 +48,22 @@ CASES = [
     ("tp2_cp2", 4, 1, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
 ]  # fmt: skip
 
+SIMPLE = ["--parallelism.fsdp_implementation", "simple_fsdp"]
+SIMPLE_CASES = [
+    ("simple_fsdp2", 2, 2, SIMPLE),
+    ("simple_fsdp4_compile_ac_op", 4, 4, [*SIMPLE, "--compile.enable", "true", "--activation_checkpoint.mode",
+                                          "selective"]),
+    ("simple_replicate2", 2, 2, [*SIMPLE, "--parallelism.data_parallel_replicate_degree", "2",
+                                 "--parallelism.data_parallel_shard_degree", "1"]),
+    ("simple_hybrid2x2_ac_full", 4, 4, [*SIMPLE, "--parallelism.data_parallel_replicate_degree", "2",
+                                        "--activation_checkpoint.mode", "full"]),
+    ("simple_fsdp2_tp2", 4, 2, [*SIMPLE, "--parallelism.tensor_parallel_degree", "2"]),
+    ("simple_fsdp2_tp2_compile", 4, 2, [*SIMPLE, "--parallelism.tensor_parallel_degree", "2",
+                                        "--compile.enable", "true"]),
+    ("simple_fsdp2_cp2", 4, 2, [*SIMPLE, "--parallelism.context_parallel_degree", "2"]),
+]  # fmt: skip
+CASES += SIMPLE_CASES
+
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 LOCAL_BATCH_4 = ("--training.local_batch_size", "4")  # 4 micro-batches: DualPipeV needs one per stage
 # (id, world size, data-parallel degree, options the reference shares, options); the tiny model has 4 blocks,
@@ -68,6 +84,7 @@ PP_CASES = [
      [*PP2, "--compile.enable", "true", "--parallelism.pipeline_parallel_layers_per_stage", "3"]),
     ("fsdp2_pp2_interleaved1f1b", 4, 2, (), [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
     ("tp2_pp2", 4, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
+    ("simple_fsdp2_pp2", 4, 2, (), [*PP2, *SIMPLE]),
     ("fsdp2_tp2_pp2", 8, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
     ("pp2_tp2_cp2", 8, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
                                "--parallelism.context_parallel_degree", "2"]),
@@ -120,6 +137,16 @@ def test_fsdp_bfloat16_params_float32_reduce(tmp_root):
     out = f"{tmp_root}/fsdp2_bf16.pt"
     proc = run_script("parity_driver.py", [out, *MODEL, "--training.mixed_precision_param", "bfloat16",
                                            "--job.dump_folder", f"{tmp_root}/bf16"], nproc=2)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result, ref32 = torch.load(out), reference(2, tmp_root, bf16=False)
+    assert_parity(result, ref32, **BF16)
+    assert result["losses"] != ref32["losses"]  # the bf16 path really ran in bf16
+
+
+def test_simple_fsdp_bfloat16_params_float32_reduce(tmp_root):
+    out = f"{tmp_root}/simple_fsdp2_bf16.pt"
+    proc = run_script("parity_driver.py", [out, *MODEL, *SIMPLE, "--training.mixed_precision_param", "bfloat16",
+                                           "--job.dump_folder", f"{tmp_root}/simple_bf16"], nproc=2)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     result, ref32 = torch.load(out), reference(2, tmp_root, bf16=False)
     assert_parity(result, ref32, **BF16)

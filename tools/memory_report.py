@@ -27,8 +27,8 @@ def local_bytes(t: torch.Tensor | None) -> int:
 
 
 def measure(trainer: Trainer) -> dict[str, int]:
-    params = list(trainer.model.parameters())
-    state = trainer.optimizer.state.values()
+    params = list(trainer.parameters())  # this rank's pipeline stages, or the whole model
+    state = [s for optimizer in trainer.optimizer.optimizers for s in optimizer.state.values()]
     return {
         "params": sum(local_bytes(p) for p in params),
         "grads": sum(local_bytes(p.grad) for p in params),

@@ -12,12 +12,12 @@ pipeline_pp2_cp2: pp_toy's model pipelined (1F1B) over 2 stages with CP 2 inside
 """
 
 import itertools
-import traceback
 
 import pp_toy
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from multiprocess import run_cases
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -260,18 +260,5 @@ def cases(world: int) -> dict:
     return found
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    for name, case in cases(dist.get_world_size()).items():
-        try:
-            case()
-            print(f"rank {rank} {name} ok", flush=True)
-        except Exception:
-            print(f"rank {rank} {name} FAILED\n{traceback.format_exc()}", flush=True)
-            break  # a failed case can leave peers mid-collective; later cases would hang
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(lambda: cases(dist.get_world_size()))

@@ -11,13 +11,12 @@ folder given as the second argument and loads that checkpoint into a plain model
 
 import math
 import sys
-import traceback
-from datetime import timedelta
 
 import pp_toy
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from multiprocess import run_cases
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -167,19 +166,5 @@ def cases(group: str) -> dict:
     }
 
 
-def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # a failed peer must not hang the test
-    rank = dist.get_rank()
-    torch.use_deterministic_algorithms(True)
-    for name, case in cases(sys.argv[1]).items():
-        try:
-            case()
-            print(f"rank {rank} {name} ok", flush=True)
-        except Exception:
-            print(f"rank {rank} {name} FAILED\n{traceback.format_exc()}", flush=True)
-            break  # a failed case can leave peers mid-collective; later cases would hang
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(lambda: cases(sys.argv[1]), deterministic=True)

@@ -2,8 +2,6 @@
 launches of pp_script.py (PP 2 on 2 ranks; FSDP 2 x PP 2 and TP 2 x PP 2 on 4), each case against the plain
 model on the same batch: losses rtol 1e-5, gradients rtol 1e-4 / atol 1e-6, fp32."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from torch.distributed.pipelining import schedules
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the tests (importlib mode)
 
 import pp_toy  # noqa: E402
+from multiprocess import launch  # noqa: E402
 
 from titan_parallel import (  # noqa: E402
     SCHEDULES,
@@ -220,15 +219,7 @@ def test_single_stage_schedule_refuses_two_stages():
 
 
 def _launch(nproc: int, *args: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    result = subprocess.run(
-        [*command, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    return result.stdout + result.stderr
+    return launch(SCRIPT, nproc, *args)
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,16 @@
 toy transformer under CP (with FSDP, TP, AC) on 2 and 4 gloo ranks, one launch each (cp_script.py)."""
 
 import itertools
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiprocess.py beside the tests (importlib mode)
+
+from multiprocess import launch  # noqa: E402
 
 from titan_parallel import context_parallel_attention, load_balanced_positions
 from titan_parallel.attention_block import block_backward, block_forward
@@ -46,15 +48,7 @@ def launches():
 
     def run(world: int) -> str:
         if world not in outputs:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
-            result = subprocess.run(
-                [*command, str(SCRIPT)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
-            outputs[world] = result.stdout + result.stderr
+            outputs[world] = launch(SCRIPT, world)
         return outputs[world]
 
     return run

@@ -162,6 +162,12 @@ def test_global_batch_must_be_a_multiple():
          "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2"),
         (["--parallelism.tensor_parallel_degree", "3", "--model.flavor", "debug"], 3,
          "parallelism.tensor_parallel_degree=3 does not divide model.n_heads=16; use 1, 2, 4, 8 or 16"),
+        (["--parallelism.simple_fsdp_overlap", "bucket", "--parallelism.fsdp_implementation", "simple_fsdp"], 2,
+         "simple_fsdp_overlap='bucket' .* needs .* compile.enable=true"),
+        (["--parallelism.fsdp_implementation", "simple_fsdp", "--float8.enable", "true"], 2,
+         "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp'"),
+        (["--parallelism.fsdp_implementation", "simple_fsdp", "--compile.enable", "true",
+          "--activation_checkpoint.mode", "full"], 2, "checkpoints whole blocks, which torch .* simple_fsdp"),
     ],
 )  # fmt: skip
 def test_unequal_layouts_fail_before_any_process_group(options, world, message):

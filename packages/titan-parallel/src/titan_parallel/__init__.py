@@ -6,13 +6,14 @@
 - `apply_ac`: activation checkpointing of the repeated blocks (full, every Nth, per op).
 - `apply_compile`: regional torch.compile of the repeated blocks.
 - `apply_fsdp` / `apply_ddp`: FSDP2 (HSDP on a 2-D mesh) or DDP.
+- `apply_simple_fsdp` (`SIMPLE_FSDP_MODES`, `sharded_params`): SimpleFSDP, the compiler-friendly FSDP/DDP/HSDP
+  from DTensor parametrizations; `enable_overlap` (`OVERLAP_MODES`): inductor's bucketing/reordering for it.
 - `clip_grad_norm_`: gradient clipping across every mesh.
 - Pipeline parallel: `split_blocks` + `build_stage_modules` (stages from the plan's blocks), the checks
   `resolve_num_stages` / `check_microbatches` / `check_schedule_support`, `schedule_name`,
   `stage_ids_for_rank`, `build_pipeline` -> `Pipeline.step`.
 - Context parallel: `shard_sequence` / `unshard_sequence` / `load_balanced_positions` (the causal
   load-balanced split), `ring_attention`, and `context_parallel_attention` (routes SDPA to it).
-Coming with its issue: SimpleFSDP.
 """
 
 from titan_parallel.activation_checkpoint import apply_ac
@@ -40,18 +41,24 @@ from titan_parallel.pipeline import (
 )
 from titan_parallel.pipeline_split import build_stage_modules, split_blocks
 from titan_parallel.ring_attention import ring_attention
+from titan_parallel.simple_fsdp import MODES as SIMPLE_FSDP_MODES
+from titan_parallel.simple_fsdp import apply_simple_fsdp, sharded_params
+from titan_parallel.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
 from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "OVERLAP_MODES",
     "ParallelDims",
     "Pipeline",
     "SCHEDULES",
+    "SIMPLE_FSDP_MODES",
     "apply_ac",
     "apply_compile",
     "apply_ddp",
     "apply_fsdp",
+    "apply_simple_fsdp",
     "apply_tp",
     "build_pipeline",
     "build_stage_modules",
@@ -63,6 +70,7 @@ __all__ = [
     "device_module",
     "device_type",
     "distributed_backend",
+    "enable_overlap",
     "load_balanced_positions",
     "loss_context",
     "resolve_num_stages",
@@ -70,6 +78,7 @@ __all__ = [
     "schedule_class",
     "schedule_name",
     "shard_sequence",
+    "sharded_params",
     "split_blocks",
     "stage_ids_for_rank",
     "unshard_sequence",

@@ -76,10 +76,7 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"training.seq_len={t.seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "
             f"{2 * dims.cp} (each rank holds two load-balanced chunks); use a multiple of {2 * dims.cp}"
         )
-    if p.fsdp_implementation != "fsdp2":
-        raise ConfigError(
-            f"parallelism.fsdp_implementation={p.fsdp_implementation!r} is not supported yet; use 'fsdp2'"
-        )
+    _check_simple_fsdp(config)
     if config.checkpoint.create_seed_checkpoint and world_size > 1:
         raise ConfigError(
             f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
@@ -108,6 +105,31 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         )
     pipeline = _pipeline_layout(config, dims, plan.block_fqns) if dims.pp > 1 else None
     return Layout(dims=dims, accumulation_steps=global_batch // per_step, pipeline=pipeline)
+
+
+def _check_simple_fsdp(config: JobConfig) -> None:
+    p, ac = config.parallelism, config.activation_checkpoint
+    simple = p.fsdp_implementation == "simple_fsdp"
+    if p.simple_fsdp_overlap != "none" and not (simple and config.compile.enable):
+        raise ConfigError(
+            f"parallelism.simple_fsdp_overlap={p.simple_fsdp_overlap!r} reorders the collectives of compiled "
+            "blocks; it needs parallelism.fsdp_implementation='simple_fsdp' and compile.enable=true"
+        )
+    if not simple:
+        return
+    if config.float8.enable:
+        raise ConfigError(
+            "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp' (float8 "
+            "weights are not gathered through its parametrization); use fsdp_implementation='fsdp2'"
+        )
+    whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    if whole_block_ac and config.compile.enable:
+        raise ConfigError(
+            f"activation_checkpoint.mode={ac.mode!r} checkpoints whole blocks, which torch "
+            f"{torch.__version__} cannot compile with simple_fsdp's DTensor parameters; use "
+            "activation_checkpoint.mode='selective' with selective_ac_option='op', compile.enable=false, or "
+            "parallelism.fsdp_implementation='fsdp2'"
+        )
 
 
 def _pipeline_layout(config: JobConfig, dims: ParallelDims, block_fqns: list[str]) -> PipelineLayout:

@@ -8,7 +8,16 @@ import torch
 import torch.nn as nn
 
 from titan_float8 import float8_tp_plan
-from titan_parallel import ParallelDims, apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_tp
+from titan_parallel import (
+    ParallelDims,
+    apply_ac,
+    apply_compile,
+    apply_ddp,
+    apply_fsdp,
+    apply_simple_fsdp,
+    apply_tp,
+    enable_overlap,
+)
 from titan_train.config import JobConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -27,7 +36,9 @@ def parallelize(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -
         apply_ac(model, plan.block_fqns, ac.mode, ac.selective_ac_option)
     if config.compile.enable:
         apply_compile(model, plan.block_fqns, backend=config.compile.backend)
-    if uses_fsdp(dims):
+    if uses_simple_fsdp(dims, config):
+        _apply_simple_fsdp(model, plan, dims, config)
+    elif uses_fsdp(dims):
         apply_fsdp(
             model,
             plan.block_fqns,
@@ -61,6 +72,39 @@ def _has(model: nn.Module, fqn: str) -> bool:
     return True
 
 
+def _apply_simple_fsdp(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -> None:
+    p, t = config.parallelism, config.training
+    if config.compile.enable:
+        # Process-wide inductor options, set before the first (lazy) compile.
+        enable_overlap(p.simple_fsdp_overlap, config.compile.backend, manual_buckets=p.simple_fsdp_manual_buckets)
+    if dims.degree("dp_shard_cp") > 1:
+        mesh, mode = dims.fsdp_mesh(), "hybrid_shard" if dims.dp_replicate > 1 else "fully_shard"
+    else:
+        mesh, mode = dims.submesh("dp_replicate"), "replicate"
+    apply_simple_fsdp(
+        model,
+        mesh,
+        mode,
+        param_dtype=DTYPES[t.mixed_precision_param],
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        block_fqns=plan.block_fqns,
+        # Unlike FSDP2 there is no one unsharded copy to keep between micro-batches: without recompute each
+        # micro-batch in flight would hold its own, so "default" recomputes under pipelining too.
+        recompute_all_gather=p.fsdp_reshard_after_forward != "never",
+    )
+
+
 def uses_fsdp(dims: ParallelDims) -> bool:
-    """FSDP casts parameters to the compute dtype itself; everywhere else autocast does."""
+    """FSDP2 shards over dp_shard x cp when either is larger than 1."""
     return dims.degree("dp_shard_cp") > 1
+
+
+def uses_simple_fsdp(dims: ParallelDims, config: JobConfig) -> bool:
+    """SimpleFSDP does every data-parallel layout (sharded over dp_shard x cp, replicated, or both)."""
+    simple = config.parallelism.fsdp_implementation == "simple_fsdp"
+    return simple and (uses_fsdp(dims) or dims.dp_replicate > 1)
+
+
+def casts_params(dims: ParallelDims, config: JobConfig) -> bool:
+    """FSDP2 and SimpleFSDP cast parameters to the compute dtype themselves; everywhere else autocast does."""
+    return uses_fsdp(dims) or uses_simple_fsdp(dims, config)

@@ -34,6 +34,7 @@ from titan_parallel import (
     load_balanced_positions,
     loss_context,
     shard_sequence,
+    sharded_params,
     stage_ids_for_rank,
 )
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
@@ -42,7 +43,7 @@ from titan_train.data import build_dataloader
 from titan_train.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.layout import resolve_layout
 from titan_train.optim import LRSchedulers, Optimizers
-from titan_train.parallelize import DTYPES, parallelize, stage_plan, uses_fsdp
+from titan_train.parallelize import DTYPES, casts_params, parallelize, stage_plan, uses_fsdp
 from titan_train.tokenizer import load_tokenizer
 
 logger = logging.getLogger("titan")
@@ -156,7 +157,8 @@ class Trainer:
             parallelize(part, stage_plan(plan, part), self.dims, self.config)
             part.to_empty(device=self.env.device)
             # Each parameter is drawn from (seed, its name): the weights do not depend on the parallel layout.
-            with torch.no_grad():
+            # sharded_params: SimpleFSDP modules hand out their stored shards, not gathered copies, to write.
+            with torch.no_grad(), sharded_params():
                 part.init_weights(buffer_device=self.env.device, seed=self.config.training.seed)
         return parts
 
@@ -185,7 +187,7 @@ class Trainer:
         autocast = torch.autocast(
             self.env.device.type,
             dtype=self.compute_dtype,
-            enabled=self.compute_dtype != torch.float32 and not uses_fsdp(self.dims),
+            enabled=self.compute_dtype != torch.float32 and not casts_params(self.dims, self.config),
         )
         if self.cp_mesh is not None:
             # Each rank keeps two load-balanced chunks of the sequence; RoPE follows their global positions.

@@ -125,9 +125,19 @@ class Parallelism:
     """"titan": Titan's ring attention (CPU and CUDA); "torch": torch's experimental context_parallel
     (CUDA only)."""
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """Free gathered parameters after forward ("default": yes except the root module)."""
+    """Free gathered parameters after forward and gather them again in backward ("default": yes, except the
+    root module, and except with pipeline parallelism; with simple_fsdp "default" is "always")."""
     fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
-    """Implementation of sharded data parallelism."""
+    """Implementation of data parallelism: "fsdp2" (fully_shard; DDP when only replicated) or "simple_fsdp"
+    (parameters as DTensors gathered by a parametrization, so torch.compile traces the collectives; it also
+    does the replicate-only and hybrid layouts)."""
+    simple_fsdp_overlap: Literal["none", "bucket", "bucket_reorder", "auto", "manual"] = "none"
+    """With simple_fsdp and compile (backend inductor): "bucket" merges each block's all-gathers and
+    reduce-scatters; "bucket_reorder" also moves them to overlap compute; "auto" (inductor's overlap
+    scheduler) and "manual" (simple_fsdp_manual_buckets) need a CUDA GPU."""
+    simple_fsdp_manual_buckets: list[str] = field(default_factory=list)
+    """With simple_fsdp_overlap = "manual": module names within a block, one bucket each, e.g.
+    ["attention", "feed_forward"]."""
 
 
 @dataclass
