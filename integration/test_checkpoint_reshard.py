@@ -1,7 +1,8 @@
 """Resume on a different layout (CPU/gloo, torchrun): a checkpoint written by FSDP 2 loads on FSDP 4,
 TP 2, PP 2, FSDP 2 x PP 2, SimpleFSDP 2 and one process; one written by PP 2 (two stages per rank) loads on
-one process and on FSDP 2; one written by SimpleFSDP 2 loads on FSDP2 2 and one process. Model and optimizer state arrive
-bit-identical (compared as full tensors right after the load, gathered from every pipeline stage)."""
+one process and on FSDP 2; one written by SimpleFSDP 2 loads on FSDP2 2 and one process. Model and
+optimizer state arrive bit-identical (compared as full tensors right after the load, gathered from every
+pipeline stage)."""
 
 import pytest
 import torch
@@ -56,8 +57,18 @@ def simple_fsdp2_checkpoint(tmp_path_factory):
         ("simple_fsdp2_checkpoint", 2, []),
         ("simple_fsdp2_checkpoint", None, []),
     ],
-    ids=["fsdp4", "tp2", "one_process", "pp2", "fsdp2_pp2", "pp2_to_one_process", "pp2_to_fsdp2", "simple_fsdp2",
-         "simple_to_fsdp2", "simple_to_one_process"],  # fmt: skip
+    ids=[
+        "fsdp4",
+        "tp2",
+        "one_process",
+        "pp2",
+        "fsdp2_pp2",
+        "pp2_to_one_process",
+        "pp2_to_fsdp2",
+        "simple_fsdp2",
+        "simple_to_fsdp2",
+        "simple_to_one_process",
+    ],  # fmt: skip
 )
 def test_checkpoint_loads_on_another_layout(request, source, nproc, layout, tmp_path):
     dump = request.getfixturevalue(source)

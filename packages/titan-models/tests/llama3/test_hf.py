@@ -129,8 +129,9 @@ def test_unknown_names_are_rejected():
     adapter = Llama3HFAdapter(FLAVORS["tiny"])
     with pytest.raises(ValueError, match="not a Llama 3 parameter name"):
         adapter.to_hf_key("layers.0.attention.wx.weight")
-    with pytest.raises(ValueError, match="layer 2 does not exist"):
-        adapter.to_hf_key("layers.2.attention.wq.weight")
+    n = FLAVORS["tiny"].n_layers
+    with pytest.raises(ValueError, match=f"layer {n} does not exist"):
+        adapter.to_hf_key(f"layers.{n}.attention.wq.weight")
     with pytest.raises(ValueError, match="not a LlamaForCausalLM parameter name"):
         adapter.from_hf_key("model.layers.0.self_attn.rotary_emb.inv_freq")
 

@@ -20,7 +20,7 @@ def test_plan_fqns_name_real_modules():
         model = Transformer(args)
     plan = llama3_plan(args)
     modules = dict(model.named_modules())
-    assert plan.block_fqns == ["layers.0", "layers.1"]
+    assert plan.block_fqns == [f"layers.{i}" for i in range(args.n_layers)]
     for fqn in plan.block_fqns + plan.input_fqns + plan.output_fqns:
         assert fqn in modules, fqn
     assert plan.input_fqns == ["tok_embeddings"] and plan.output_fqns == ["norm", "output"]
