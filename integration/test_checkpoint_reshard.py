@@ -7,7 +7,7 @@ pipeline stage)."""
 import pytest
 import torch
 
-from launch_helpers import DEBUG_RECIPE, run_script, run_titan
+from launch_helpers import DEBUG_RECIPE, read_metrics, run_script, run_titan
 
 TINY = [
     "--config", str(DEBUG_RECIPE), "--model.flavor", "tiny", "--training.seq_len", "32",
@@ -35,7 +35,12 @@ def fsdp2_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pp2_checkpoint(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("reshard_pp") / "run", PP2)
+    dump = write_checkpoint(tmp_path_factory.mktemp("reshard_pp") / "run", PP2)
+    # Every metrics line reports each pipeline rank's peak memory, not only the last stage's.
+    rows = read_metrics(dump)
+    assert len(rows) == 3 and all(sorted(row["memory_pp"]) == ["0", "1"] for row in rows), rows
+    assert all(peak > 0 for row in rows for peak in row["memory_pp"].values()), rows
+    return dump
 
 
 @pytest.fixture(scope="module")

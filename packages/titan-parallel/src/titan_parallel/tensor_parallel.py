@@ -19,8 +19,24 @@ def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
 
 
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> nn.Module:
-    """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel())."""
-    return parallelize_module(model, mesh, plan)
+    """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
+
+    Entries naming a module set to None (a pipeline stage without the embedding or the output) are left
+    out: the whole model's plan serves each stage, without torch warning about every missing module.
+    """
+    present = {fqn: style for fqn, style in plan.items() if not _set_to_none(model, fqn)}
+    return parallelize_module(model, mesh, present)
+
+
+def _set_to_none(model: nn.Module, fqn: str) -> bool:
+    parent, _, name = fqn.rpartition(".")
+    if "*" in fqn:
+        return False
+    try:
+        owner = model.get_submodule(parent)
+    except AttributeError:
+        return False
+    return name in owner._modules and owner._modules[name] is None
 
 
 def loss_context(enabled: bool):

@@ -82,15 +82,7 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
             "run it without torchrun, then launch the parallel run from that folder"
         )
-    ac = config.activation_checkpoint
-    whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
-    if whole_block_ac and dims.tp > 1 and config.compile.enable:
-        raise ConfigError(
-            f"activation_checkpoint.mode={ac.mode!r} checkpoints whole blocks, which with tensor parallel and "
-            f"compile.enable=true fails in torch {torch.__version__}'s AOTAutograd (it saves DTensor mesh "
-            "metadata for backward); use activation_checkpoint.mode='selective' with selective_ac_option='op', "
-            "or compile.enable=false"
-        )
+    _check_compiled_block_ac(config, dims)
     if dims.tp > 1:
         try:
             check_tp_degree(dims.tp, plan.tp_divisible)
@@ -107,8 +99,36 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     return Layout(dims=dims, accumulation_steps=global_batch // per_step, pipeline=pipeline)
 
 
+def _ac_granularity(config: JobConfig) -> str:
+    """ "none", "op" (per-op selective) or "block" (whole blocks: full, or selective every N)."""
+    ac = config.activation_checkpoint
+    if ac.mode == "none":
+        return "none"
+    return "op" if ac.mode == "selective" and ac.selective_ac_option == "op" else "block"
+
+
+def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims) -> None:
+    """Compiled whole-block checkpoints fail in AOTAutograd when parameters are DTensors (it saves DTensor
+    mesh metadata for backward): tensor parallel and SimpleFSDP both make them so."""
+    if not config.compile.enable or _ac_granularity(config) != "block":
+        return
+    simple = config.parallelism.fsdp_implementation == "simple_fsdp"
+    if dims.tp > 1:
+        cause = f"tensor parallel (parallelism.tensor_parallel_degree={dims.tp})"
+    elif simple:
+        cause = "simple_fsdp (parallelism.fsdp_implementation='simple_fsdp')"
+    else:
+        return
+    raise ConfigError(
+        f"activation_checkpoint.mode={config.activation_checkpoint.mode!r} checkpoints whole blocks, which torch "
+        f"{torch.__version__} cannot compile (compile.enable=true) with the DTensor parameters of {cause}; use "
+        "activation_checkpoint.mode='selective' with selective_ac_option='op', or compile.enable=false"
+        + (", or parallelism.fsdp_implementation='fsdp2'" if dims.tp == 1 else "")
+    )
+
+
 def _check_simple_fsdp(config: JobConfig) -> None:
-    p, ac = config.parallelism, config.activation_checkpoint
+    p = config.parallelism
     simple = p.fsdp_implementation == "simple_fsdp"
     if p.simple_fsdp_overlap != "none" and not (simple and config.compile.enable):
         raise ConfigError(
@@ -121,14 +141,6 @@ def _check_simple_fsdp(config: JobConfig) -> None:
         raise ConfigError(
             "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp' (float8 "
             "weights are not gathered through its parametrization); use fsdp_implementation='fsdp2'"
-        )
-    whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
-    if whole_block_ac and config.compile.enable:
-        raise ConfigError(
-            f"activation_checkpoint.mode={ac.mode!r} checkpoints whole blocks, which torch "
-            f"{torch.__version__} cannot compile with simple_fsdp's DTensor parameters; use "
-            "activation_checkpoint.mode='selective' with selective_ac_option='op', compile.enable=false, or "
-            "parallelism.fsdp_implementation='fsdp2'"
         )
 
 
@@ -148,8 +160,7 @@ def _pipeline_layout(config: JobConfig, dims: ParallelDims, block_fqns: list[str
             layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
             num_stages=len(explicit) if explicit else None,
         )
-        ac = config.activation_checkpoint
-        op_level_ac = ac.mode == "selective" and ac.selective_ac_option == "op"
+        op_level_ac = _ac_granularity(config) == "op"
         check_schedule_support(p.pipeline_parallel_schedule, compiled=config.compile.enable, op_level_ac=op_level_ac)
         n_microbatches = check_microbatches(
             p.pipeline_parallel_schedule,

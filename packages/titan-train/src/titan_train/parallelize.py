@@ -54,20 +54,15 @@ def parallelize(model: nn.Module, plan, dims: ParallelDims, config: JobConfig) -
 
 
 def stage_plan(plan, part: nn.Module):
-    """The plan of what `part` (a pipeline stage, or the whole model) holds: its blocks, and the tensor-parallel
-    entries of modules it has (a stage without the embedding has no "tok_embeddings" to shard)."""
-
-    def tp_plan(**options):
-        return {fqn: style for fqn, style in plan.tp_plan(**options).items() if "*" in fqn or _has(part, fqn)}
-
-    blocks = [fqn for fqn in plan.block_fqns if _has(part, fqn)]
-    return dataclasses.replace(plan, block_fqns=blocks, tp_plan=tp_plan)
+    """The plan of what `part` (a pipeline stage, or the whole model) holds: its blocks. (apply_tp leaves out
+    the tensor-parallel entries of modules a stage does not have.)"""
+    return dataclasses.replace(plan, block_fqns=[fqn for fqn in plan.block_fqns if _has(part, fqn)])
 
 
 def _has(model: nn.Module, fqn: str) -> bool:
     try:
         model.get_submodule(fqn)
-    except AttributeError:  # absent, or set to None by the stage split
+    except AttributeError:  # deleted by the stage split
         return False
     return True
 

@@ -91,6 +91,8 @@ class Trainer:
         self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.compute_dtype = DTYPES[t.mixed_precision_param]
+        # FSDP2 and SimpleFSDP cast parameters to the compute dtype themselves; elsewhere autocast does.
+        self.autocast = self.compute_dtype != torch.float32 and not casts_params(self.dims, config)
         self.loss_parallel = self.dims.tp > 1 and config.parallelism.enable_loss_parallel
         # The loss is reported as the mean over every rank that holds different tokens.
         self.loss_mesh = self.dims.submesh("dp_cp")
@@ -183,12 +185,7 @@ class Trainer:
         return inputs.to(self.env.device), labels.to(self.env.device)
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
-        # FSDP casts parameters to the compute dtype itself; without it, autocast does.
-        autocast = torch.autocast(
-            self.env.device.type,
-            dtype=self.compute_dtype,
-            enabled=self.compute_dtype != torch.float32 and not casts_params(self.dims, self.config),
-        )
+        autocast = torch.autocast(self.env.device.type, dtype=self.compute_dtype, enabled=self.autocast)
         if self.cp_mesh is not None:
             # Each rank keeps two load-balanced chunks of the sequence; RoPE follows their global positions.
             inputs, labels = shard_sequence([inputs, labels], self.cp_mesh)
