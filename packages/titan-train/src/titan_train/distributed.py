@@ -1,6 +1,7 @@
 """Process-group setup from torchrun's environment (or none, for a plain single-process run)."""
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -53,4 +54,8 @@ def init_distributed(config: JobConfig | None = None) -> RunEnv:
 
 def shutdown_distributed() -> None:
     if dist.is_initialized():
+        # Free unreferenced collective work objects (and the tensors they hold) while the interpreter is whole:
+        # gloo threads releasing them during interpreter teardown can abort the process (SIGABRT, "terminate
+        # called without an active exception"; pytorch/pytorch#179291).
+        gc.collect()
         dist.destroy_process_group()
