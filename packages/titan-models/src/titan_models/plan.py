@@ -28,7 +28,14 @@ class ModelPlan:
     tp_divisible: dict[str, int] = field(default_factory=dict)
     """Sizes the tensor-parallel degree must divide, by the name to use in error messages
     (e.g. {"model.n_heads": 16})."""
-    context_parallel: bool = True
-    """Whether the model computes correctly with the sequence split over ranks (context parallelism shards
-    attention's keys and values around a ring). False for Hyena, whose long convolutions would need every
-    earlier rank's inputs: a trainer should refuse context_parallel_degree > 1 for it."""
+    attention_fqns: list[str] = field(default_factory=list)
+    """FQN patterns ("*" matches one name) of the modules that compute attention from (q, k, v) alone
+    ([bs, heads, seqlen, head_dim] each), e.g. "layers.*.attention.inner_attention". Context parallelism
+    swaps them for ring attention. A model that also implements `set_positions(positions)` (the global
+    positions of the tokens it is given) supports context parallelism. Empty for Hyena, whose long
+    convolutions would need every earlier rank's inputs."""
+
+    @property
+    def context_parallel(self) -> bool:
+        """Whether the model computes correctly with the sequence split over ranks."""
+        return bool(self.attention_fqns)

@@ -75,14 +75,14 @@ def _register_builtin_models() -> None:
     from titan_models.llama3.flavors import FLAVORS
     from titan_models.llama3.flops import flops_per_token
     from titan_models.llama3.hf import Llama3HFAdapter
-    from titan_models.llama3.model import Transformer
+    from titan_models.llama3.model import Llama3
     from titan_models.llama3.plan import llama3_plan
 
     register_model(
         ModelSpec(
             name="llama3",
             flavors=FLAVORS,
-            model_cls=Transformer,
+            model_cls=Llama3,
             plan=llama3_plan,
             flops_per_token=flops_per_token,
             hf_adapter=Llama3HFAdapter,

@@ -1,4 +1,4 @@
-"""Incremental Llama 3 decoding with a KV cache, using a Transformer's weights as they are.
+"""Incremental Llama 3 decoding with a KV cache, using a Llama3's weights as they are.
 
 The training forward (model.py) stays as it is; this walks the same modules, keeping each layer's rotated
 keys and values so a new token attends to the cache instead of recomputing the prefix.
@@ -9,17 +9,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from titan_models.llama3.model import Transformer, repeat_kv
+from titan_models.llama3.model import Llama3, repeat_kv
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
 
 
 class LlamaDecoder:
-    """KV-cache state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) Transformer.
+    """KV-cache state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) Llama3.
 
     prefill(tokens [B, P]) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new token.
     """
 
-    def __init__(self, model: Transformer, max_len: int, batch_size: int = 1):
+    def __init__(self, model: Llama3, max_len: int, batch_size: int = 1):
         if model.tok_embeddings is None or model.output is None:
             raise ValueError("LlamaDecoder needs the whole model; this one is a pipeline stage")
         args = model.args

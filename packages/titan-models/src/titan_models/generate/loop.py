@@ -11,7 +11,7 @@ from titan_models.generate.hyena_decode import HyenaDecoder
 from titan_models.generate.llama_decode import LlamaDecoder
 from titan_models.generate.sampling import sample_next
 from titan_models.hyena.model import HyenaLM
-from titan_models.llama3.model import Transformer
+from titan_models.llama3.model import Llama3
 
 
 def build_decoder(
@@ -21,9 +21,9 @@ def build_decoder(
     (strategy "lazy", "eager" or "flash"; Llama ignores it)."""
     if isinstance(model, HyenaLM):
         return HyenaDecoder(model, max_len, strategy=strategy, batch_size=batch_size)
-    if isinstance(model, Transformer):
+    if isinstance(model, Llama3):
         return LlamaDecoder(model, max_len, batch_size=batch_size)
-    raise TypeError(f"no decoder for {type(model).__name__}; generation supports HyenaLM and llama3 Transformer")
+    raise TypeError(f"no decoder for {type(model).__name__}; generation supports HyenaLM and Llama3")
 
 
 @torch.no_grad()

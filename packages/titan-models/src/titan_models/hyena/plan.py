@@ -102,5 +102,4 @@ def hyena_plan(args: HyenaArgs) -> ModelPlan:
         # Channels must split evenly (the operator views its local channels as [-1, N + 1] and [-1, N - 1]),
         # and so must the SwiGLU hidden units.
         tp_divisible={"model.dim": args.dim, "model.ffn_hidden_dim": args.hidden_dim},
-        context_parallel=False,
     )

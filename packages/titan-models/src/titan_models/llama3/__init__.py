@@ -4,7 +4,7 @@ from titan_models.llama3.args import Llama3Args, RopeScaling
 from titan_models.llama3.flavors import FLAVORS
 from titan_models.llama3.flops import count_params, flops_per_token, num_params
 from titan_models.llama3.hf import Llama3HFAdapter, args_from_hf_config, hf_config
-from titan_models.llama3.model import Transformer
+from titan_models.llama3.model import Llama3, Transformer
 from titan_models.llama3.plan import llama3_plan, llama3_tp_plan
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Llama3HFAdapter",
     "RopeScaling",
     "Transformer",
+    "Llama3",
     "args_from_hf_config",
     "count_params",
     "flops_per_token",

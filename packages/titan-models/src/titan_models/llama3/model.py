@@ -39,6 +39,21 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, :, None, :].expand(bs, seqlen, n_kv_heads, n_rep, head_dim).reshape(bs, seqlen, -1, head_dim)
 
 
+class ScaledDotProductAttention(nn.Module):
+    """The attention kernel alone: softmax(q k^T / sqrt(d)) v over [bs, heads, seqlen, head_dim].
+
+    A module of its own (TorchTitan's `inner_attention`) so a parallelizer can swap it: context parallelism
+    replaces it with ring attention by name (the plan's `attention_fqns`), with no change to this file.
+    """
+
+    def __init__(self, is_causal: bool = True):
+        super().__init__()
+        self.is_causal = is_causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+
+
 class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE."""
 
@@ -49,6 +64,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.inner_attention = ScaledDotProductAttention(is_causal=True)
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         """freqs_cis is the second positional argument because the tensor-parallel plan prepares
@@ -65,8 +81,7 @@ class Attention(nn.Module):
         n_rep = xq.shape[2] // xk.shape[2]
         xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
-        # F.scaled_dot_product_attention is looked up at call time, so context parallelism can patch it.
-        out = F.scaled_dot_product_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True)
+        out = self.inner_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
     def init_weights(self, init: SeededInit, init_std: float) -> None:
@@ -120,7 +135,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward.init_weights(init, self.weight_init_std)
 
 
-class Transformer(nn.Module):
+class Llama3(nn.Module):
     """Llama 3 decoder.
 
     Pipeline stages delete what they do not own: entries of `layers` (a ModuleDict keyed "0".."n-1", so
@@ -138,6 +153,13 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.positions: torch.Tensor | None = None
+
+    def set_positions(self, positions: torch.Tensor | None) -> None:
+        """The global positions of the tokens this model will be given, [seqlen], when it sees a slice of
+        each sequence (context parallelism: set once, before training); None means 0..seqlen-1.
+        A plain attribute, not a buffer: it is neither checkpointed nor touched by to_empty()."""
+        self.positions = positions
 
     def _precompute_freqs_cis(self, device: torch.device | str | None = None) -> torch.Tensor:
         args = self.args
@@ -170,12 +192,18 @@ class Transformer(nn.Module):
         """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
 
         positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
-        the sequence (context parallelism); RoPE follows them. None means 0..seqlen-1.
+        the sequence (context parallelism); RoPE follows them. None means those of `set_positions`, by
+        default 0..seqlen-1.
         Returns logits [bs, seqlen, vocab_size], or hidden states when output is None.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        positions = self.positions if positions is None else positions
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
         for layer in self.layers.values():
             h = layer(h, freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+
+Transformer = Llama3
+"""The name of `Llama3` before 0.2; kept so existing imports work."""

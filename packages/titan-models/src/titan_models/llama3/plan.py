@@ -58,6 +58,7 @@ def llama3_plan(args: Llama3Args) -> ModelPlan:
         input_fqns=["tok_embeddings"],
         output_fqns=["norm", "output"],
         tp_plan=llama3_tp_plan,
+        attention_fqns=["layers.*.attention.inner_attention"],
         # Heads must split evenly (attention reshapes to local heads with -1), and so must the SwiGLU
         # hidden units (w1/w3 column shards feed w2's row shard as plain local tensors).
         tp_divisible={
