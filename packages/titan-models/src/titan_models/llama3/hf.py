@@ -10,6 +10,7 @@ convert_llama_weights_to_hf.py does; from_hf undoes it.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import asdict
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.llama3.flavors import FLAVORS
 
 _TOP_LEVEL = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -59,9 +61,10 @@ class Llama3HFAdapter:
 
     @classmethod
     def from_flavor(cls, flavor: str) -> Llama3HFAdapter:
-        from titan_models.registry import get_model_spec
-
-        return cls(get_model_spec("llama3").args_for(flavor))
+        if flavor not in FLAVORS:
+            raise ValueError(f"flavor={flavor!r} is not a Llama 3 flavor; use one of {', '.join(FLAVORS)}")
+        # A copy: the adapter keeps its args, and the shared flavor table must not change through it.
+        return cls(copy.deepcopy(FLAVORS[flavor]))
 
     @classmethod
     def from_args_dict(cls, fields: dict[str, Any]) -> Llama3HFAdapter:

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from titan_train.data import files, hf
+from titan_train.data.files import SUFFIXES, LocalFiles, is_supported
+from titan_train.data.hf import INSTALL_HINT, HuggingFaceSource, datasets_installed
 
 __all__ = ["DocumentSource", "EmbeddedCorpus", "resolve_dataset", "DEFAULT_DATASET"]
 
@@ -67,16 +68,16 @@ def resolve_dataset(dataset: str | None, dataset_path: str | None = None) -> Doc
         name, _, config = dataset[len("hf:") :].partition(":")
         if not name:
             raise ValueError(f"training.dataset={dataset!r} names no dataset; write hf:<name>, e.g. hf:allenai/c4:en")
-        if not hf.datasets_installed():
+        if not datasets_installed():
             raise ImportError(
                 f"training.dataset={dataset!r} needs the Hugging Face `datasets` package, "
-                f"which is not installed: {hf.INSTALL_HINT}"
+                f"which is not installed: {INSTALL_HINT}"
             )
-        return hf.HuggingFaceSource(name, config or None, dataset_path or None)
+        return HuggingFaceSource(name, config or None, dataset_path or None)
     raise ValueError(f"training.dataset={dataset!r} is not a known dataset; use {_CHOICES}")
 
 
-def _local_files(dataset_path: str | None) -> files.LocalFiles:
+def _local_files(dataset_path: str | None) -> LocalFiles:
     if not dataset_path:
         raise ValueError(
             "training.dataset='text' needs training.dataset_path: a .txt, .jsonl or .jsonl.gz file, or a folder of them"
@@ -84,12 +85,12 @@ def _local_files(dataset_path: str | None) -> files.LocalFiles:
     path = Path(dataset_path).expanduser()
     if not path.exists():
         raise ValueError(f"training.dataset_path={dataset_path!r} does not exist")
-    if path.is_file() and not files.is_supported(path):
+    if path.is_file() and not is_supported(path):
         raise ValueError(
             f"training.dataset_path={dataset_path!r} is not a supported file; use one ending in "
-            f"{', '.join(files.SUFFIXES)}, or a folder of such files"
+            f"{', '.join(SUFFIXES)}, or a folder of such files"
         )
-    source = files.LocalFiles(path)
+    source = LocalFiles(path)
     if not source.files:
-        raise ValueError(f"training.dataset_path={dataset_path!r} is a folder with no {'/'.join(files.SUFFIXES)} files")
+        raise ValueError(f"training.dataset_path={dataset_path!r} is a folder with no {'/'.join(SUFFIXES)} files")
     return source
