@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 tools/bench_context_parallel.py --seq 2048    # one cp degree (= world size)
 
 Each rank holds the whole model (no FSDP: parameters are not what CP divides) and its load-balanced 1/cp of
-the sequence; attention is ring attention through `context_parallel_attention`. Per rank it measures
+the sequence; attention is ring attention (`apply_cp` swaps the model's attention modules). Per rank it measures
 - activations: bytes of the distinct tensors autograd saves for backward in one forward, parameters excluded
   (what CP divides: the paper's Table 2 is this per-rank activation memory falling as cp grows);
 - peak: the allocator's peak on CUDA, or the process's peak RSS on CPU (a high-water mark over the whole
@@ -23,7 +23,6 @@ import resource
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from titan_models import get_model_spec
 from titan_parallel import (
     ParallelDims,
-    context_parallel_attention,
+    apply_cp,
     device_module,
     device_type,
     distributed_backend,
@@ -82,6 +81,8 @@ def bench(seq_lens: list[int], steps: int, variant: str) -> None:
     with torch.device(device):
         model = spec.model_cls(args)
     model.init_weights(buffer_device=device, seed=0)
+    if cp_mesh is not None:
+        apply_cp(model, cp_mesh, spec.plan(args).attention_fqns, variant=variant)
 
     for seq_len in sorted(seq_lens):
         data = torch.randint(0, args.vocab_size, (1, seq_len + 1), generator=torch.Generator().manual_seed(seq_len))
@@ -95,23 +96,21 @@ def bench(seq_lens: list[int], steps: int, variant: str) -> None:
             logits = model(tokens, positions)
             return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
-        context = context_parallel_attention(cp_mesh, variant=variant) if cp_mesh is not None else nullcontext()
         if device.type != "cpu":
             device_module(device.type).reset_peak_memory_stats(device)
-        with context:
-            loss, activations = saved_activation_bytes(model, run)  # also the warm-up step
-            loss.backward()
-            if distributed:
-                dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                model.zero_grad(set_to_none=True)
-                run().backward()
-            if device.type != "cpu":
-                device_module(device.type).synchronize()
-            if distributed:
-                dist.barrier()
-            elapsed = time.perf_counter() - start
+        loss, activations = saved_activation_bytes(model, run)  # also the warm-up step
+        loss.backward()
+        if distributed:
+            dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)
+            run().backward()
+        if device.type != "cpu":
+            device_module(device.type).synchronize()
+        if distributed:
+            dist.barrier()
+        elapsed = time.perf_counter() - start
         row = {"cp": cp, "seq": seq_len, "tokens_per_s": seq_len * steps / elapsed, "rank": rank}
         row |= {"activations_mib": activations / MIB, "peak_mib": peak_bytes(device) / MIB}
         rows = [None] * cp

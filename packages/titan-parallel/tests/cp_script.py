@@ -4,9 +4,10 @@
 ring_*: ring attention on the load-balanced shards vs full SDPA on the whole sequence (every rank computes
 it): output and dQ/dK/dV, fp32, atol 1e-5, for causal/not, GQA/not, p2p/allgather, fused/math block kernel,
 a power-of-two length and one that is not (48: chunks of 12 at cp 2, of 6 at cp 4).
-errors: lengths that do not split into 2 x cp chunks; SDPA calls with a mask or dropout under CP.
-model_*: a toy Llama-like transformer (RoPE on global positions, GQA, causal SDPA) with CP through
-`context_parallel_attention` vs the same model on the unsharded batch: loss rtol 1e-5, every gradient
+errors: lengths that do not split into 2 x cp chunks; attention patterns that match no module.
+model_*: a toy Llama-like transformer (RoPE on global positions, GQA, causal SDPA in its own module) with CP
+through `apply_cp` (the attention modules swapped for ring attention) vs the same model on the unsharded
+batch: loss rtol 1e-5, every gradient
 atol 1e-5. Composed with FSDP (over dp_shard x cp), TP, AC, compile and the all-gather variant.
 pipeline_pp2_cp2: pp_toy's model pipelined (1F1B) over 2 stages with CP 2 inside each: same tolerances.
 """
@@ -27,17 +28,14 @@ from titan_parallel import (
     apply_ac,
     apply_compile,
     apply_fsdp,
+    apply_cp,
     apply_tp,
     build_pipeline,
-    build_stage_modules,
-    check_microbatches,
-    context_parallel_attention,
     load_balanced_positions,
-    resolve_num_stages,
+    plan_pipeline,
+    RingAttention,
     ring_attention,
     shard_sequence,
-    split_blocks,
-    stage_ids_for_rank,
     unshard_sequence,
 )
 
@@ -80,25 +78,31 @@ def errors_case(mesh) -> None:
             assert words in str(e), str(e)
         else:
             raise AssertionError(f"no ValueError ({words})")
-    original, q = F.scaled_dot_product_attention, torch.zeros(1, 2, 4, 8)
-    with context_parallel_attention(mesh):
-        assert F.scaled_dot_product_attention is not original
-        for kwargs, words in [
-            ({"attn_mask": torch.ones(4, 4, dtype=torch.bool)}, "attn_mask=(4, 4)"),
-            ({"dropout_p": 0.1}, "dropout_p=0.1"),
-        ]:
-            try:
-                F.scaled_dot_product_attention(q, q, q, **kwargs)
-            except NotImplementedError as e:
-                assert words in str(e), str(e)
-            else:
-                raise AssertionError(f"no NotImplementedError ({words})")
-    assert F.scaled_dot_product_attention is original
+    try:
+        apply_cp(ToyModel(), mesh, ["layers.*.attention"])
+    except ValueError as e:
+        assert "match no module" in str(e), str(e)
+    else:
+        raise AssertionError("no ValueError for attention_fqns that match nothing")
+    model = ToyModel()
+    swapped = apply_cp(model, mesh, ["layers.*.attend"])
+    assert swapped == [f"layers.{i}.attend" for i in range(N_LAYERS)], swapped
+    assert all(isinstance(block.attend, RingAttention) for block in model.layers.values())
+
+
+class Attend(nn.Module):
+    """The attention kernel as its own module, as titan-models' Llama has it (what apply_cp swaps)."""
+
+    is_causal = True
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
 
 
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
+        self.attend = Attend()
         self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
         self.wq = nn.Linear(DIM, N_HEADS * HEAD_DIM, bias=False)
         self.wk = nn.Linear(DIM, N_KV_HEADS * HEAD_DIM, bias=False)
@@ -114,7 +118,7 @@ class Block(nn.Module):
         q, k = rotate(q, rope), rotate(k, rope)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.attend(q, k, v)
         x = x + self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -168,6 +172,7 @@ def model_case(dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None,
         styles = {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(), "wo": RowwiseParallel()}
         styles |= {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
         apply_tp(model, mesh["tp"], {f"layers.*.{name}": style for name, style in styles.items()})
+    apply_cp(model, cp_mesh, ["layers.*.attend"], variant=variant)
     if ac:
         apply_ac(model, blocks, *ac)
     if compile:
@@ -179,8 +184,7 @@ def model_case(dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None,
     rows = slice(dp_rank * batch // dp, (dp_rank + 1) * batch // dp)
     tokens, labels = shard_sequence([tokens[rows], labels[rows]], cp_mesh)
     positions = load_balanced_positions(seq_len, dims.cp, cp_mesh.get_local_rank())
-    with context_parallel_attention(cp_mesh, variant=variant):
-        loss, grads = loss_and_grads(model, tokens, labels, positions)
+    loss, grads = loss_and_grads(model, tokens, labels, positions)
     # Every rank holds as many tokens: the mean of the ranks' means is the whole batch's mean.
     loss_group = dims.submesh("dp_cp").get_group()
     dist.all_reduce(loss, group=loss_group)
@@ -204,26 +208,26 @@ def pipeline_case(dims: ParallelDims, schedule="1F1B", batch=4) -> None:
     ref_loss = pp_toy.cross_entropy(reference(tokens), labels)
     ref_loss.backward()
 
-    num_stages = resolve_num_stages(schedule, dims.pp, pp_toy.N_LAYERS)
-    ids = stage_ids_for_rank(schedule, pp_mesh.get_local_rank(), dims.pp, num_stages)
+    plan = plan_pipeline(schedule, dims.pp, pp_toy.block_fqns(), batch)
     with torch.device("meta"):
         meta = pp_toy.ToyModel()
-    blocks = split_blocks(pp_toy.block_fqns(), num_stages)
-    parts = build_stage_modules(meta, blocks, ids, pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS)
     ref_params = dict(reference.named_parameters())
-    for part in parts:
+
+    def materialize(part):
+        apply_cp(part, cp_mesh, ["layers.*.attention.inner_attention"])
         part.to_empty(device="cpu")
         with torch.no_grad():
             for name, param in part.named_parameters():
                 param.copy_(ref_params[name])
         part.rope = shard_sequence([reference.rope], cp_mesh, seq_dim=0)[0]
-    n_microbatches = check_microbatches(schedule, dims.pp, num_stages, batch, 1)
+
     pipeline = build_pipeline(
-        parts, ids, num_stages, pp_mesh.get_group(), torch.device("cpu"), schedule, n_microbatches, pp_toy.cross_entropy
-    )
+        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
+        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=materialize,
+    )  # fmt: skip
+    parts = pipeline.model_parts
     tokens, labels = shard_sequence([tokens, labels], cp_mesh)
-    with context_parallel_attention(cp_mesh):
-        loss = pipeline.step(tokens, labels)
+    loss = pipeline.step(tokens, labels)
     dist.all_reduce(loss, group=cp_mesh.get_group())
     torch.testing.assert_close(loss / dims.cp, ref_loss.detach(), rtol=1e-5, atol=0)
     for part in parts:

@@ -27,13 +27,9 @@ from titan_parallel import (
     apply_fsdp,
     apply_tp,
     build_pipeline,
-    build_stage_modules,
-    check_microbatches,
     clip_grad_norm_,
     loss_context,
-    resolve_num_stages,
-    split_blocks,
-    stage_ids_for_rank,
+    plan_pipeline,
 )
 
 STEPS, LR, LOCAL_BATCH = 3, 0.5, 4
@@ -59,14 +55,11 @@ def run_case(
     ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
 
     micro_batch = LOCAL_BATCH // accumulation  # each pipeline step sees this many sequences
-    num_stages = resolve_num_stages(schedule, pp, pp_toy.N_LAYERS)
-    n_microbatches = check_microbatches(schedule, pp, num_stages, micro_batch, 1)
-    blocks = split_blocks(pp_toy.block_fqns(), num_stages)
-    ids = stage_ids_for_rank(schedule, pp_rank, pp, num_stages)
+    plan = plan_pipeline(schedule, pp, pp_toy.block_fqns(), micro_batch)
     with torch.device("meta"):
         meta = pp_toy.ToyModel()
-    parts = build_stage_modules(meta, blocks, ids, pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS)
-    for part in parts:
+
+    def parallelize(part):
         part_blocks = [f"layers.{key}" for key in part.layers]
         if tp_mesh is not None:
             apply_tp(part, tp_mesh, pp_toy.tp_plan(loss_parallel))  # entries for modules the stage lacks: skipped
@@ -78,9 +71,11 @@ def run_case(
             apply_fsdp(part, part_blocks, dp_mesh, pp_enabled=True)
         part.to_empty(device="cpu")
         copy_weights(part, reference)
+
     pipeline = build_pipeline(
-        parts, ids, num_stages, pp_mesh.get_group(), torch.device("cpu"), schedule, n_microbatches, pp_toy.cross_entropy
-    )
+        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
+        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=parallelize,
+    )  # fmt: skip
     optimizer = torch.optim.SGD(list(pipeline.parameters()), lr=LR)
     assert pipeline.gather(pp_rank) == list(range(pp))
 

@@ -22,16 +22,26 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+class InnerAttention(nn.Module):
+    """The attention kernel as its own module, as titan-models' Llama has it (what context parallelism swaps)."""
+
+    is_causal = True
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+
+
 class Attention(nn.Module):
     def __init__(self):
         super().__init__()
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
+        self.inner_attention = InnerAttention()
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only some of them.
         q, k, v = (w(x).view(bs, seqlen, -1, DIM // N_HEADS).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q * rope, k * rope, v, is_causal=True)
+        out = self.inner_attention(q * rope, k * rope, v)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 

@@ -15,17 +15,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the
 import pp_toy  # noqa: E402
 from multiprocess import launch  # noqa: E402
 
-from titan_parallel import (  # noqa: E402
-    SCHEDULES,
-    build_pipeline,
-    build_stage_modules,
+from titan_parallel import SCHEDULES, plan_pipeline  # noqa: E402
+from titan_parallel.pipeline import wrap_stages  # noqa: E402
+from titan_parallel.pipeline_plan import (  # noqa: E402
     check_microbatches,
     check_schedule_support,
     resolve_num_stages,
     schedule_class,
-    split_blocks,
     stage_ids_for_rank,
 )
+from titan_parallel.pipeline_split import build_stage_modules, split_blocks  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("pp_script.py")
 BLOCKS = [f"layers.{i}" for i in range(8)]
@@ -49,7 +48,7 @@ def test_split_gives_first_and_last_stage_fewer_blocks():
 
 
 def test_split_needs_a_block_per_stage():
-    with pytest.raises(ValueError, match=r"has 3 blocks but the pipeline has 4 stages.*pipeline_parallel_degree"):
+    with pytest.raises(ValueError, match=r"has 3 blocks but the pipeline has 4 stages.*pp_degree"):
         split_blocks(BLOCKS[:3], 4)
 
 
@@ -90,7 +89,7 @@ def test_num_stages_per_schedule():
         (("1F1B", 2, 8), {"layers_per_stage": 3}, "makes 4 stages.*2 per rank.*exactly 1 per rank"),
         (("ZBVZeroBubble", 2, 8), {"num_stages": 6}, "exactly 2 per rank"),
         (("Interleaved1F1B", 2, 8), {"layers_per_stage": 2}, r"makes 5 stages.*not a multiple of .*degree=2"),
-        (("Interleaved1F1B", 4, 6), {}, r"8 stages but the model has 6 blocks.*pipeline_parallel_degree=4"),
+        (("Interleaved1F1B", 4, 6), {}, r"8 stages but the model has 6 blocks.*pp_degree=4"),
         (("Looped", 2, 8), {}, "schedule='Looped' is unknown; use one of GPipe, 1F1B, Interleaved1F1B"),
     ],
 )
@@ -199,14 +198,14 @@ def test_stage_modules_need_a_module_dict():
 def test_zero_bubble_refuses_compiled_blocks():
     part = pp_toy.build_model()
     part.layers["0"].compile(backend="eager")  # in place, as apply_compile does: no OptimizedModule to detect
-    with pytest.raises(ValueError, match="'ZBVZeroBubble' splits backward.*compile.enable=false"):
-        build_pipeline([part, part], (0, 3), 4, None, torch.device("cpu"), "ZBVZeroBubble", 4, pp_toy.cross_entropy)
+    with pytest.raises(ValueError, match="'ZBVZeroBubble' splits backward.*compiled=False"):
+        wrap_stages([part, part], (0, 3), 4, None, torch.device("cpu"), "ZBVZeroBubble", 4, pp_toy.cross_entropy)
 
 
 def test_zero_bubble_refuses_per_op_checkpointing_before_any_build():
     with pytest.raises(ValueError, match="'DualPipeV' splits backward.*selective activation checkpointing allows one"):
         check_schedule_support("dualpipev", op_level_ac=True)
-    with pytest.raises(ValueError, match="'InterleavedZeroBubble' splits backward.*compile.enable=false"):
+    with pytest.raises(ValueError, match="'InterleavedZeroBubble' splits backward.*compiled=False"):
         check_schedule_support("InterleavedZeroBubble", compiled=True)
     for name in ("GPipe", "1F1B", "Interleaved1F1B"):
         check_schedule_support(name, compiled=True, op_level_ac=True)
@@ -215,7 +214,7 @@ def test_zero_bubble_refuses_per_op_checkpointing_before_any_build():
 def test_single_stage_schedule_refuses_two_stages():
     parts = [pp_toy.build_model(), pp_toy.build_model()]
     with pytest.raises(ValueError, match="'1F1B' runs one stage per rank, got 2"):
-        build_pipeline(parts, (0, 2), 4, None, torch.device("cpu"), "1F1B", 4, pp_toy.cross_entropy)
+        wrap_stages(parts, (0, 2), 4, None, torch.device("cpu"), "1F1B", 4, pp_toy.cross_entropy)
 
 
 def _launch(nproc: int, *args: str) -> str:

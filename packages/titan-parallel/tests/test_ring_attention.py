@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiprocess.py besi
 
 from multiprocess import launch  # noqa: E402
 
-from titan_parallel import context_parallel_attention, load_balanced_positions
+from titan_parallel import apply_cp, load_balanced_positions
 from titan_parallel.attention_block import block_backward, block_forward
 from titan_parallel.ring_attention import _merge
 
@@ -114,5 +114,4 @@ def test_blocks_merged_by_lse_equal_sdpa(kernel, gqa):
 
 def test_torch_implementation_needs_cuda():
     with pytest.raises(ValueError, match="implementation='torch' needs a CUDA DeviceMesh"):
-        with context_parallel_attention(None, implementation="torch"):
-            pass
+        apply_cp(torch.nn.Module(), None, ["attention"], implementation="torch")

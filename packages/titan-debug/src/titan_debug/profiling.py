@@ -160,6 +160,15 @@ class MemorySnapshotter:
         if self.enable:
             self._dump(f"iteration_{self.step_num + 1}_oom")
 
+    @contextmanager
+    def dump_on_oom(self) -> Iterator[None]:
+        """Around the training loop: an out-of-memory error dumps a snapshot of the step it hit, then goes on."""
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            self.on_oom()
+            raise
+
     def _dump(self, name: str) -> None:
         folder = self.folder / name
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """Float8 training for Titan models via torchao: convert Linear layers, FSDP2 float8 all-gather, float8 TP.
 
+    converter = Float8Converter(options, fsdp=True)  # the three steps below, for build_parallel_model
     report = convert_to_float8(model, options)       # on the meta model, before TP / compile / FSDP
     apply_tp(model, mesh, float8_tp_plan(plan, model, mesh))
     ...
@@ -10,6 +11,7 @@ missing or too old.
 """
 
 from titan_float8.convert import Float8Options, Float8Report, convert_to_float8
+from titan_float8.converter import Float8Converter
 from titan_float8.fsdp import precompute_float8_scales
 from titan_float8.requirements import MIN_TORCHAO, require_torchao
 from titan_float8.tensor_parallel import float8_tp_plan, float8_tp_styles
@@ -18,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MIN_TORCHAO",
+    "Float8Converter",
     "Float8Options",
     "Float8Report",
     "convert_to_float8",

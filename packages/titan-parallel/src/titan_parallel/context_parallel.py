@@ -1,4 +1,5 @@
-"""Context parallelism: the sequence split over the cp ranks, and SDPA routed to ring attention meanwhile.
+"""Context parallelism: the sequence split over the cp ranks, and the model's attention modules swapped for
+ring attention.
 
 Causal attention gives late tokens more work than early ones, so a plain split would leave the last rank
 with most of it. The sequence is cut into 2*cp chunks and rank i holds chunks i and 2*cp-1-i (one early, one
@@ -6,21 +7,23 @@ late): every rank does the same work. Tokens, labels and positions are sharded a
 global positions (`load_balanced_positions`). Every rank holds the same number of tokens, so the mean of the
 ranks' mean losses is the loss of the whole sequence.
 
-    tokens, labels = shard_sequence([tokens, labels], cp_mesh)
-    positions = load_balanced_positions(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), tokens.device)
-    with context_parallel_attention(cp_mesh):
-        loss = loss_fn(model(tokens, positions), labels)
-        loss.backward()   # inside too: activation checkpointing re-runs attention in backward
-"""
+    apply_cp(model, cp_mesh, ["layers.*.attention.inner_attention"])        # once, at build time
+    positions = load_balanced_positions(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), device)
+    tokens, labels = shard_sequence([tokens, labels], cp_mesh)               # every batch
+    loss = loss_fn(model(tokens, positions), labels)
+    loss.backward()
+
+The swap is explicit and local to the model: no process-wide patch of `F.scaled_dot_product_attention`, so
+a model calling attention any other way is not silently left with local attention: `apply_cp` refuses a
+model whose plan names no attention module."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titan_parallel.ring_attention import VARIANTS, ring_attention_by_name
@@ -68,68 +71,93 @@ def unshard_sequence(tensor: torch.Tensor, cp_mesh: DeviceMesh | dist.ProcessGro
     return torch.cat(chunks, dim=seq_dim)
 
 
-@contextlib.contextmanager
-def context_parallel_attention(
+class RingAttention(nn.Module):
+    """Drop-in for an attention-kernel module (forward(q, k, v) -> out, [B, H, S_local, D], SDPA's layout) on
+    a sequence sharded by `shard_sequence`: ring attention over the context-parallel group."""
+
+    def __init__(self, cp_mesh: DeviceMesh | dist.ProcessGroup, *, is_causal: bool, variant: str, kernel: str):
+        super().__init__()
+        group = cp_group(cp_mesh)
+        # Plain values, resolved here outside any compiled region: the op takes the group by name.
+        self.group_name, self.cp = group.group_name, dist.get_world_size(group)
+        self.is_causal, self.variant, self.kernel = is_causal, variant, kernel
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return ring_attention_by_name(
+            q, k, v, self.group_name, self.cp, self.is_causal, None, self.variant, self.kernel
+        )
+
+    def extra_repr(self) -> str:
+        return f"cp={self.cp}, is_causal={self.is_causal}, variant={self.variant!r}"
+
+
+def apply_cp(
+    model: nn.Module,
     cp_mesh: DeviceMesh | dist.ProcessGroup,
+    attention_fqns: list[str],
     *,
     variant: str = "p2p",
     implementation: str = "titan",
     kernel: str = "auto",
-) -> Iterator[None]:
-    """While active, `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...)` runs ring
-    attention over `cp_mesh`, on inputs sharded by `shard_sequence`. Models need no change, as long as
-    they call it as `F.scaled_dot_product_attention` (looked up at call time).
+) -> list[str]:
+    """Swap the modules matching `attention_fqns` (patterns, "*" matches one name; e.g.
+    "layers.*.attention.inner_attention") for context-parallel attention over `cp_mesh`. In place; returns
+    the FQNs swapped. Each must compute attention from (q, k, v) alone; its `is_causal` attribute (default
+    True) is kept. The model is then fed `shard_sequence`'d inputs, and its positions (RoPE) must follow
+    `load_balanced_positions`.
 
-    Cover forward *and* backward: activation checkpointing re-runs attention during backward.
     `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
-    attention, any device) or "torch" (torch's experimental `context_parallel`, CUDA only: its sharding
+    attention, any device) or "torch" (torch's experimental context parallelism, CUDA only: its sharding
     order is the same head-tail one). `kernel`: per-block kernel of the titan ring, see `ring_attention`.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"context parallel variant={variant!r} is not one of {VARIANTS}")
+        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
     if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"context parallel implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
     if implementation == "torch":
-        with _torch_context_parallel(cp_mesh, variant):
-            yield
-        return
-
-    original = F.scaled_dot_product_attention
-    # Resolved here, outside any compiled region: the patched SDPA passes only plain values to the op.
-    group = cp_group(cp_mesh)
-    name, size = group.group_name, dist.get_world_size(group)
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is not None or dropout_p:
-            mask = None if attn_mask is None else tuple(attn_mask.shape)
-            raise NotImplementedError(
-                f"context parallel attention takes no attn_mask and no dropout (got attn_mask={mask}, "
-                f"dropout_p={dropout_p}); use is_causal=True for a causal mask and dropout_p=0, or disable "
-                f"context parallelism"
-            )
-        return ring_attention_by_name(query, key, value, name, size, is_causal, scale, variant, kernel)
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
+        _check_torch_cp(cp_mesh)
+    swapped = []
+    for fqn, module in list(model.named_modules()):
+        if not any(_matches(pattern, fqn) for pattern in attention_fqns):
+            continue
+        is_causal = getattr(module, "is_causal", True)
+        if implementation == "torch":
+            _apply_torch_cp(module, cp_mesh, variant)
+        else:
+            parent, _, name = fqn.rpartition(".")
+            ring = RingAttention(cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel)
+            setattr(model.get_submodule(parent), name, ring)
+        swapped.append(fqn)
+    if not swapped and attention_fqns:
+        raise ValueError(f"attention_fqns={attention_fqns} match no module of {type(model).__name__}")
+    return swapped
 
 
-@contextlib.contextmanager
-def _torch_context_parallel(cp_mesh, variant: str) -> Iterator[None]:
+def _matches(pattern: str, fqn: str) -> bool:
+    parts, names = pattern.split("."), fqn.split(".")
+    return len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names, strict=True))
+
+
+def _check_torch_cp(cp_mesh) -> None:
     if not isinstance(cp_mesh, DeviceMesh) or cp_mesh.device_type != "cuda":
         kind = cp_mesh.device_type if isinstance(cp_mesh, DeviceMesh) else type(cp_mesh).__name__
         raise ValueError(
-            f"context parallel implementation='torch' needs a CUDA DeviceMesh (torch's context_parallel has no "
-            f"CPU attention strategy), got {kind}; use implementation='titan'"
+            f"implementation='torch' needs a CUDA DeviceMesh (torch's context parallelism has no CPU attention "
+            f"strategy), got {kind}; use implementation='titan'"
         )
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._context_parallel import set_rotate_method
+
+
+def _apply_torch_cp(module: nn.Module, cp_mesh: DeviceMesh, variant: str) -> None:
+    # torch's SDPA style (as TorchTitan applies it to inner_attention): the module's q/k/v become DTensors
+    # sharded on the sequence, dispatched to torch's ring; our shards already use its head-tail order.
+    from torch.distributed.tensor.experimental._context_parallel import (
+        _ContextParallel,
+        _enable_context_parallel_dispatcher,
+        set_rotate_method,
+    )
+    from torch.distributed.tensor.parallel import parallelize_module
 
     set_rotate_method("alltoall" if variant == "p2p" else "allgather")
-    # Our inputs are sharded already (same order as torch's head-tail balancer); torch only needs a buffer
-    # to shard, so give it a throwaway one and keep just its SDPA dispatch.
-    placeholder = torch.empty(2 * cp_mesh.size(), device="cuda")
-    with context_parallel(cp_mesh, buffers=[placeholder], buffer_seq_dims=[0], no_restore_buffers={placeholder}):
-        yield
+    _enable_context_parallel_dispatcher()
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    parallelize_module(module, cp_mesh, style)

@@ -33,8 +33,8 @@ def split_blocks(
         raise ValueError(f"the number of pipeline stages must be >= 1, got {num_stages}")
     if n < num_stages:
         raise ValueError(
-            f"the model has {n} blocks but the pipeline has {num_stages} stages (parallelism.pipeline_parallel_degree"
-            f" x stages per rank); each stage needs at least one block: use at most {n} stages"
+            f"the model has {n} blocks but the pipeline has {num_stages} stages (pp_degree x stages per rank); "
+            f"each stage needs at least one block: use at most {n} stages"
         )
     if stage_blocks is not None:
         _check_explicit(block_fqns, num_stages, stage_blocks)
@@ -57,7 +57,7 @@ def split_blocks(
 
 
 def _check_explicit(block_fqns: list[str], num_stages: int, stage_blocks: list[list[str]]) -> None:
-    field = "parallelism.pipeline_parallel_stage_blocks"
+    field = "stage_blocks"
     if len(stage_blocks) != num_stages:
         raise ValueError(f"{field} lists {len(stage_blocks)} stages but the pipeline has {num_stages}")
     empty = [i for i, stage in enumerate(stage_blocks) if not stage]

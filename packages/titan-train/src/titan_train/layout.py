@@ -1,55 +1,58 @@
-"""The run's parallel layout and gradient accumulation, resolved from the config and the world size
-before any process group exists."""
+"""The run's layout: every decision about how the model is parallelized, resolved from the config and the
+world size before any process group exists, into titan_parallel's frozen `Layout`.
 
-from dataclasses import dataclass
+This is the one place that knows both the config keys and the libraries: library errors speak in their own
+parameter names (`schedule=`, `pp_degree=`), and `_config_error` says them again in the config's keys.
+"""
+
+import re
 
 import torch
 
 from titan_models import get_model_spec
 from titan_parallel import (
+    ACGranularity,
+    ActivationCheckpoint,
+    ContextParallel,
+    DataParallel,
+    Layout,
     ParallelDims,
-    check_microbatches,
-    check_schedule_support,
+    SimpleFSDPOptions,
     check_tp_degree,
-    resolve_num_stages,
-    schedule_name,
-    split_blocks,
+    plan_pipeline,
 )
 from titan_train.config import ConfigError, JobConfig
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-@dataclass
-class PipelineLayout:
-    schedule: str
-    stage_blocks: list[list[str]]
-    """The block FQNs of each stage of the whole pipeline, in order."""
-    n_microbatches: int
-    """Pipeline micro-batches per local batch."""
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stage_blocks)
-
-
-@dataclass
-class Layout:
-    dims: ParallelDims
-    accumulation_steps: int
-    """Local batches per optimizer step on each data-parallel rank."""
-    pipeline: PipelineLayout | None = None
-    """None without pipeline parallelism."""
-
-    def describe(self) -> str:
-        text = f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
-        if self.pipeline is not None:
-            pp = self.pipeline
-            text += f", {pp.schedule} over {pp.num_stages} stages x {pp.n_microbatches} micro-batches"
-        return text
+# Library parameter names -> the config keys that set them; and settings a library suggests as a whole.
+_CONFIG_KEYS = {
+    "schedule": "parallelism.pipeline_parallel_schedule",
+    "pp_degree": "parallelism.pipeline_parallel_degree",
+    "layers_per_stage": "parallelism.pipeline_parallel_layers_per_stage",
+    "stage_blocks": "parallelism.pipeline_parallel_stage_blocks",
+    "local_batch_size": "training.local_batch_size",
+    "microbatch_size": "parallelism.pipeline_parallel_microbatch_size",
+}
+_SETTINGS = {
+    "compiled=False": "compile.enable=false",
+    "op_level_ac=False": "activation_checkpoint.mode='full' or a selective every-N option",
+}
 
 
-def _model_plan(config: JobConfig):
-    spec = get_model_spec(config.model.name)
-    return spec.plan(spec.args_for(config.model.flavor))
+def _config_error(error: ValueError) -> ConfigError:
+    """The library's message in the config's words: its parameter names replaced by the config keys."""
+    message = str(error)
+    for setting, config_setting in _SETTINGS.items():
+        message = message.replace(setting, config_setting)
+
+    def key(match: re.Match) -> str:
+        name, assigned = match.group(1), match.group(2)
+        # A one-word name ("schedule") is a parameter only where a value is assigned to it; elsewhere prose.
+        return _CONFIG_KEYS[name] + assigned if assigned or "_" in name else match.group(0)
+
+    names = "|".join(_CONFIG_KEYS)
+    return ConfigError(re.sub(rf"(?<![\w.])({names})(=?)(?![\w.])", key, message))
 
 
 def resolve_layout(config: JobConfig, world_size: int) -> Layout:
@@ -65,7 +68,8 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         )
     except ValueError as e:
         raise ConfigError(f"parallelism: {e}") from None
-    plan = _model_plan(config)
+    spec = get_model_spec(config.model.name)
+    plan = spec.plan(spec.args_for(config.model.flavor))
     if dims.cp > 1 and not plan.context_parallel:
         raise ConfigError(
             f"parallelism.context_parallel_degree={dims.cp}: model.name={config.model.name!r} has no attention "
@@ -95,22 +99,54 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"training.global_batch_size={global_batch} is not a multiple of training.local_batch_size="
             f"{t.local_batch_size} x data-parallel degree {dims.dp} = {per_step}; use a multiple of {per_step}"
         )
-    pipeline = _pipeline_layout(config, dims, plan.block_fqns) if dims.pp > 1 else None
-    return Layout(dims=dims, accumulation_steps=global_batch // per_step, pipeline=pipeline)
+    data_parallel = _data_parallel(config, dims)
+    return Layout(
+        dims=dims,
+        accumulation_steps=global_batch // per_step,
+        data_parallel=data_parallel,
+        param_dtype=DTYPES[t.mixed_precision_param],
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        reshard_after_forward=p.fsdp_reshard_after_forward,
+        simple_fsdp=_simple_fsdp_options(config, dims) if data_parallel is DataParallel.SIMPLE_FSDP else None,
+        loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
+        activation_checkpoint=_ac(config),
+        compile_backend=config.compile.backend if config.compile.enable else None,
+        pipeline=_pipeline_plan(config, dims, plan.block_fqns) if dims.pp > 1 else None,
+        context_parallel=(
+            ContextParallel(p.context_parallel_variant, p.context_parallel_implementation, t.seq_len)
+            if dims.cp > 1
+            else None
+        ),
+    )
 
 
-def _ac_granularity(config: JobConfig) -> str:
-    """ "none", "op" (per-op selective) or "block" (whole blocks: full, or selective every N)."""
+def _data_parallel(config: JobConfig, dims: ParallelDims) -> DataParallel:
+    sharded, replicated = dims.degree("dp_shard_cp") > 1, dims.dp_replicate > 1
+    if not (sharded or replicated):
+        return DataParallel.NONE
+    if config.parallelism.fsdp_implementation == "simple_fsdp":
+        return DataParallel.SIMPLE_FSDP  # every data-parallel layout: sharded, replicated or both
+    return DataParallel.FSDP2 if sharded else DataParallel.DDP
+
+
+def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOptions:
+    p = config.parallelism
+    if dims.degree("dp_shard_cp") > 1:
+        mode = "hybrid_shard" if dims.dp_replicate > 1 else "fully_shard"
+    else:
+        mode = "replicate"
+    return SimpleFSDPOptions(mode, p.simple_fsdp_overlap, tuple(p.simple_fsdp_manual_buckets))
+
+
+def _ac(config: JobConfig) -> ActivationCheckpoint:
     ac = config.activation_checkpoint
-    if ac.mode == "none":
-        return "none"
-    return "op" if ac.mode == "selective" and ac.selective_ac_option == "op" else "block"
+    return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
 
 
 def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims) -> None:
     """Compiled whole-block checkpoints fail in AOTAutograd when parameters are DTensors (it saves DTensor
     mesh metadata for backward): tensor parallel and SimpleFSDP both make them so."""
-    if not config.compile.enable or _ac_granularity(config) != "block":
+    if not config.compile.enable or _ac(config).granularity is not ACGranularity.BLOCK:
         return
     simple = config.parallelism.fsdp_implementation == "simple_fsdp"
     if dims.tp > 1:
@@ -144,32 +180,36 @@ def _check_simple_fsdp(config: JobConfig) -> None:
         )
 
 
-def _pipeline_layout(config: JobConfig, dims: ParallelDims, block_fqns: list[str]) -> PipelineLayout:
+def _check_simple_fsdp(config: JobConfig) -> None:
     p = config.parallelism
-    explicit = [entry.split() for entry in p.pipeline_parallel_stage_blocks] or None
-    if explicit and p.pipeline_parallel_layers_per_stage:
+    simple = p.fsdp_implementation == "simple_fsdp"
+    if p.simple_fsdp_overlap != "none" and not (simple and config.compile.enable):
         raise ConfigError(
-            "parallelism.pipeline_parallel_stage_blocks and parallelism.pipeline_parallel_layers_per_stage both "
-            "set the stages; set only one"
+            f"parallelism.simple_fsdp_overlap={p.simple_fsdp_overlap!r} reorders the collectives of compiled "
+            "blocks; it needs parallelism.fsdp_implementation='simple_fsdp' and compile.enable=true"
         )
+    if not simple:
+        return
+    if config.float8.enable:
+        raise ConfigError(
+            "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp' (float8 "
+            "weights are not gathered through its parametrization); use fsdp_implementation='fsdp2'"
+        )
+
+
+def _pipeline_plan(config: JobConfig, dims: ParallelDims, block_fqns: list[str]):
+    p = config.parallelism
     try:
-        num_stages = resolve_num_stages(
+        return plan_pipeline(
             p.pipeline_parallel_schedule,
             dims.pp,
-            len(block_fqns),
-            layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
-            num_stages=len(explicit) if explicit else None,
-        )
-        op_level_ac = _ac_granularity(config) == "op"
-        check_schedule_support(p.pipeline_parallel_schedule, compiled=config.compile.enable, op_level_ac=op_level_ac)
-        n_microbatches = check_microbatches(
-            p.pipeline_parallel_schedule,
-            dims.pp,
-            num_stages,
+            block_fqns,
             config.training.local_batch_size,
             p.pipeline_parallel_microbatch_size,
+            layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
+            stage_blocks=[entry.split() for entry in p.pipeline_parallel_stage_blocks] or None,
+            compiled=config.compile.enable,
+            op_level_ac=_ac(config).granularity is ACGranularity.OP,
         )
-        stage_blocks = split_blocks(block_fqns, num_stages, stage_blocks=explicit)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return PipelineLayout(schedule_name(p.pipeline_parallel_schedule), stage_blocks, n_microbatches)
+        raise _config_error(e) from None

@@ -1,0 +1,35 @@
+"""Float8 as one object a parallelizer calls at its three moments: swap the Linear layers first, adapt the
+tensor-parallel plan to them, and precompute the weights' scales after each optimizer step.
+
+It has the shape of titan_parallel's `ModelConverter` (the packages share no import):
+
+    converter = Float8Converter(options, fsdp=True)
+    model = build_parallel_model(..., converter=converter)    # convert -> ... -> tp_plan -> ...
+    optimizer.step(); model.after_optimizer_step()            # one all-reduce for every weight's scale
+"""
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from titan_float8.convert import Float8Options, convert_to_float8
+from titan_float8.fsdp import precompute_float8_scales
+from titan_float8.tensor_parallel import float8_tp_plan
+
+
+class Float8Converter:
+    def __init__(self, options: Float8Options, *, fsdp: bool):
+        """`fsdp`: whether FSDP2 shards the parameters; the scale precompute (one all-reduce for all the
+        weights' amaxes) exists only for its float8 all-gather."""
+        self.options = options
+        self.precompute_scales = options.enable and options.precompute_float8_dynamic_scale_for_fsdp and fsdp
+
+    def convert(self, model: nn.Module) -> None:
+        convert_to_float8(model, self.options)
+
+    def tp_plan(self, plan: dict, model: nn.Module, tp_mesh: DeviceMesh) -> dict:
+        return float8_tp_plan(plan, model, tp_mesh) if self.options.enable else plan
+
+    def after_optimizer_step(self, parts: list[nn.Module]) -> None:
+        if self.precompute_scales:
+            for part in parts:
+                precompute_float8_scales(part)

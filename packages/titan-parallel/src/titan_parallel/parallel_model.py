@@ -1,0 +1,224 @@
+"""The model as this rank runs it: one object that owns everything that follows from the parallel layout.
+
+`build_parallel_model` holds the whole apply order on one screen; `ParallelModel` is what a training loop
+talks to, so the loop never branches on a parallelism:
+
+    model = build_parallel_model(lambda: Llama3(args), plan, layout, device, loss_fn=cross_entropy, seed=0)
+    loss = model.forward_backward(inputs, labels, scale=1 / accumulation_steps)   # PP schedule or plain
+    grad_norm = model.clip_grad_norm_(max_norm)                                    # over every mesh
+    optimizer.step(); model.after_optimizer_step()                                 # e.g. float8 scales
+    logged = model.mean_loss(loss)                                                 # over data ranks
+
+`plan` is the model's plan as data (titan_models.ModelPlan or anything with its fields: block_fqns,
+input_fqns, output_fqns, tp_plan(loss_parallel=), attention_fqns); the model implements
+`init_weights(buffer_device=, seed=)` and, for context parallelism, `set_positions(positions)`.
+"""
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from titan_parallel.activation_checkpoint import apply_ac
+from titan_parallel.clip_grad import clip_grad_norm_
+from titan_parallel.compile import apply_compile
+from titan_parallel.context_parallel import apply_cp, load_balanced_positions, shard_sequence
+from titan_parallel.data_parallel import apply_ddp, apply_fsdp
+from titan_parallel.layout import DataParallel, Layout
+from titan_parallel.pipeline import Pipeline, build_pipeline
+from titan_parallel.simple_fsdp import apply_simple_fsdp, sharded_params
+from titan_parallel.simple_fsdp_overlap import enable_overlap
+from titan_parallel.tensor_parallel import apply_tp, loss_context
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ModelConverter(Protocol):
+    """A model transform outside titan-parallel (e.g. titan_float8's): swaps modules before anything else,
+    may adapt the tensor-parallel plan to the modules it put in, and runs after every optimizer step."""
+
+    def convert(self, model: nn.Module) -> None: ...
+
+    def tp_plan(self, plan: dict, model: nn.Module, tp_mesh: DeviceMesh) -> dict: ...
+
+    def after_optimizer_step(self, parts: list[nn.Module]) -> None: ...
+
+
+class NoConversion:
+    def convert(self, model: nn.Module) -> None:
+        pass
+
+    def tp_plan(self, plan: dict, model: nn.Module, tp_mesh: DeviceMesh) -> dict:
+        return plan
+
+    def after_optimizer_step(self, parts: list[nn.Module]) -> None:
+        pass
+
+
+def build_parallel_model(
+    build_model: Callable[[], nn.Module],
+    plan,
+    layout: Layout,
+    device: torch.device,
+    *,
+    loss_fn: LossFn,
+    seed: int,
+    converter: ModelConverter | None = None,
+) -> "ParallelModel":
+    """Build the model on the meta device and parallelize it in the fixed order: conversion (float8) ->
+    pipeline split -> per stage TP -> CP -> AC -> compile -> data parallel -> materialize + seeded init.
+    Every weight is drawn from (seed, its name), so every layout starts from the same model."""
+    converter = converter or NoConversion()
+    dims = layout.dims
+    with torch.device("meta"):
+        model = build_model()
+    converter.convert(model)  # first: TP, compile and FSDP then see the converted modules
+    positions = _cp_positions(layout, device)
+
+    def parallelize(part: nn.Module) -> nn.Module:
+        blocks = [fqn for fqn in plan.block_fqns if _has(part, fqn)]
+        if dims.tp > 1:
+            tp_mesh = dims.submesh("tp")
+            apply_tp(part, tp_mesh, converter.tp_plan(plan.tp_plan(loss_parallel=layout.loss_parallel), part, tp_mesh))
+        if layout.context_parallel is not None:
+            cp = layout.context_parallel
+            apply_cp(
+                part, dims.submesh("cp"), plan.attention_fqns, variant=cp.variant, implementation=cp.implementation
+            )
+        ac = layout.activation_checkpoint
+        if ac.mode != "none":
+            apply_ac(part, blocks, ac.mode, ac.selective_option)
+        if layout.compile_backend is not None:
+            apply_compile(part, blocks, backend=layout.compile_backend)
+        _apply_data_parallel(part, blocks, layout)
+        _materialize(part, device, seed, positions)
+        return part
+
+    if layout.pipeline is None:
+        return ParallelModel([parallelize(model)], layout, loss_fn, converter)
+    pipeline = build_pipeline(
+        model, layout.pipeline, dims.submesh("pp"), device, loss_fn,
+        input_fqns=plan.input_fqns, output_fqns=plan.output_fqns, parallelize_stage=parallelize,
+    )  # fmt: skip
+    return ParallelModel(pipeline.model_parts, layout, loss_fn, converter, pipeline)
+
+
+def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout) -> None:
+    dims, kind = layout.dims, layout.data_parallel
+    if kind is DataParallel.FSDP2:
+        apply_fsdp(
+            part, blocks, dims.fsdp_mesh(), param_dtype=layout.param_dtype, reduce_dtype=layout.reduce_dtype,
+            reshard_after_forward=layout.reshard_after_forward, pp_enabled=layout.pipeline is not None,
+        )  # fmt: skip
+    elif kind is DataParallel.DDP:
+        apply_ddp(part, dims.submesh("dp_replicate"), compiled=layout.compile_backend is not None)
+    elif kind is DataParallel.SIMPLE_FSDP:
+        options = layout.simple_fsdp
+        if layout.compile_backend is not None:
+            # Process-wide inductor options, set before the first (lazy) compile.
+            enable_overlap(options.overlap, layout.compile_backend, manual_buckets=list(options.manual_buckets))
+        mesh = dims.submesh("dp_replicate") if options.mode == "replicate" else dims.fsdp_mesh()
+        apply_simple_fsdp(
+            part, mesh, options.mode, param_dtype=layout.param_dtype, reduce_dtype=layout.reduce_dtype,
+            block_fqns=blocks,
+            # Unlike FSDP2 there is no one unsharded copy to keep between micro-batches: without recompute
+            # each micro-batch in flight would hold its own, so "default" recomputes under pipelining too.
+            recompute_all_gather=layout.reshard_after_forward != "never",
+        )  # fmt: skip
+
+
+def _materialize(part: nn.Module, device: torch.device, seed: int, positions: torch.Tensor | None) -> None:
+    part.to_empty(device=device)
+    # sharded_params: SimpleFSDP modules hand out their stored shards, not gathered copies, to write into.
+    with torch.no_grad(), sharded_params():
+        part.init_weights(buffer_device=device, seed=seed)
+    if positions is not None:
+        part.set_positions(positions)
+
+
+def _cp_positions(layout: Layout, device: torch.device) -> torch.Tensor | None:
+    """The global positions of this rank's two load-balanced chunks: the same for every batch."""
+    if layout.context_parallel is None:
+        return None
+    cp_mesh = layout.dims.submesh("cp")
+    return load_balanced_positions(layout.context_parallel.seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), device)
+
+
+def _has(model: nn.Module, fqn: str) -> bool:
+    try:
+        model.get_submodule(fqn)
+    except AttributeError:  # deleted by the pipeline split
+        return False
+    return True
+
+
+class ParallelModel:
+    """This rank's part of the model (the whole model, or its pipeline stages), parallelized, with the
+    operations whose mechanics depend on the layout."""
+
+    def __init__(
+        self,
+        parts: list[nn.Module],
+        layout: Layout,
+        loss_fn: LossFn,
+        converter: ModelConverter,
+        pipeline: Pipeline | None = None,
+    ):
+        self.parts, self.layout, self.loss_fn = parts, layout, loss_fn
+        self._converter, self._pipeline = converter, pipeline
+        self._cp_mesh = layout.dims.submesh("cp") if layout.context_parallel is not None else None
+        # The loss is reported as the mean over every rank that holds different tokens.
+        self._loss_mesh = layout.dims.submesh("dp_cp")
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for part in self.parts:
+            yield from part.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for part in self.parts:
+            yield from part.named_parameters()
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Forward and backward of one local batch; gradients accumulate. Returns the loss x `scale`, detached
+        (on every rank, pipeline ranks included)."""
+        if self._cp_mesh is not None:
+            inputs, labels = shard_sequence([inputs, labels], self._cp_mesh)
+        dtype = self.layout.autocast_dtype
+        autocast = torch.autocast(inputs.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with loss_context(self.layout.loss_parallel):  # backward too: the loss's backward is sharded alike
+            if self._pipeline is not None:
+                with autocast:  # the schedule runs forward and backward of every micro-batch
+                    return self._pipeline.step(inputs, labels, scale)
+            with autocast:
+                loss = self.loss_fn(self.parts[0](inputs), labels) * scale
+            loss.backward()
+        return loss.detach()
+
+    def mean_loss(self, loss: torch.Tensor) -> float:
+        """The mean of `loss` over the ranks that hold different tokens (a collective on data/cp ranks)."""
+        if isinstance(loss, DTensor):  # loss parallel: the same value on every tensor-parallel rank
+            loss = loss.full_tensor()
+        if self._loss_mesh is None:
+            return loss.item()
+        # SUM then divide: gloo has no AVG.
+        dist.all_reduce(loss, group=self._loss_mesh.get_group())
+        return loss.item() / self._loss_mesh.size()
+
+    def clip_grad_norm_(self, max_norm: float | None) -> float:
+        """Clip to `max_norm` (None or 0: measure only) over every mesh; returns the total norm."""
+        group = self._pipeline.group if self._pipeline is not None else None
+        return clip_grad_norm_(self.parameters(), max_norm or math.inf, pp_group=group).item()
+
+    def after_optimizer_step(self) -> None:
+        self._converter.after_optimizer_step(self.parts)
+
+    def gather_over_stages(self, value: float) -> list[float]:
+        """`value` from every pipeline rank, in rank order ([value] without pipelining). A collective on the
+        pipeline group: every pipeline rank calls it, so never only on some ranks (e.g. in a log branch)."""
+        return self._pipeline.gather(value) if self._pipeline is not None else [value]
