@@ -115,13 +115,13 @@ def test_state_dict_keys_unchanged_and_loadable(mode, option, build_toy_model, b
 
 def test_bad_mode(build_toy_model, block_fqns):
     model = build_toy_model()
-    with pytest.raises(ValueError, match=r"activation_checkpoint.mode='partial' .* none, selective, full"):
+    with pytest.raises(ValueError, match=r"mode='partial' .* none, selective, full"):
         apply_ac(model, block_fqns(model), "partial")
 
 
 @pytest.mark.parametrize("option", ["0", "-1", "ops", "", "1.5"])
 def test_bad_selective_option(option, build_toy_model, block_fqns):
     model = build_toy_model()
-    with pytest.raises(ValueError, match=rf"activation_checkpoint.selective_ac_option='{option}' .*'op'.*positive"):
+    with pytest.raises(ValueError, match=rf"selective_option='{option}' .*'op'.*positive"):
         apply_ac(model, block_fqns(model), "selective", option)
     assert wrapped(model) == []

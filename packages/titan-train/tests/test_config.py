@@ -168,6 +168,8 @@ def test_global_batch_must_be_a_multiple():
          "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp'"),
         (["--parallelism.fsdp_implementation", "simple_fsdp", "--compile.enable", "true",
           "--activation_checkpoint.mode", "full"], 2, "checkpoints whole blocks, which torch .* simple_fsdp"),
+        (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "every2"], 2,
+         "activation_checkpoint.selective_ac_option='every2' is not supported; use 'op' .* or a positive integer"),
     ],
 )  # fmt: skip
 def test_unequal_layouts_fail_before_any_process_group(options, world, message):

@@ -52,14 +52,28 @@ SAC_SAVE_OPS = {
 }
 
 
+def check_ac_options(mode: str, selective_option: str = "op") -> None:
+    """A ValueError naming the option that apply_ac would refuse."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not supported; use one of {', '.join(MODES)}")
+    if (
+        mode == "selective"
+        and selective_option != "op"
+        and not (selective_option.isdigit() and int(selective_option) > 0)
+    ):
+        raise ValueError(
+            f"selective_option={selective_option!r} is not supported; use 'op' (per-op selective AC) or a "
+            "positive integer N as a string (checkpoint every N-th block)"
+        )
+
+
 def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_option: str = "op") -> None:
     """Wrap the blocks named by `block_fqns` (e.g. "layers.0") in place, replacing each on its parent.
 
     mode: "none", "selective" or "full"; selective_option: "op" or a positive integer N as a string (used
     only by "selective"). See the module docstring for what each does.
     """
-    if mode not in MODES:
-        raise ValueError(f"activation_checkpoint.mode={mode!r} is not supported; use one of {', '.join(MODES)}")
+    check_ac_options(mode, selective_option)
     if mode == "none":
         return
     every_nth = 1
@@ -67,13 +81,8 @@ def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_optio
     if mode == "selective":
         if selective_option == "op":
             context_fn = _op_sac_contexts
-        elif selective_option.isdigit() and int(selective_option) > 0:
-            every_nth = int(selective_option)
         else:
-            raise ValueError(
-                f"activation_checkpoint.selective_ac_option={selective_option!r} is not supported; use 'op' "
-                "(per-op selective AC) or a positive integer N as a string (checkpoint every N-th block)"
-            )
+            every_nth = int(selective_option)
 
     for position, fqn in enumerate(block_fqns, start=1):
         if position % every_nth:

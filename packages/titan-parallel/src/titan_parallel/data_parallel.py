@@ -11,9 +11,7 @@ RESHARD_POLICIES = ("default", "always", "never")
 
 def _reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
     if policy not in RESHARD_POLICIES:
-        raise ValueError(
-            f"parallelism.fsdp_reshard_after_forward={policy!r} is not allowed; use one of {RESHARD_POLICIES}"
-        )
+        raise ValueError(f"reshard_after_forward={policy!r} is not allowed; use one of {RESHARD_POLICIES}")
     if policy == "default":
         # Pipeline schedules run several micro-batches' forwards before their backwards: re-gathering for
         # each would multiply the all-gathers, so keep the parameters unsharded between them.

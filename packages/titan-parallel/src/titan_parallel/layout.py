@@ -12,6 +12,7 @@ from enum import Enum
 
 import torch
 
+from titan_parallel.activation_checkpoint import check_ac_options
 from titan_parallel.parallel_dims import ParallelDims
 from titan_parallel.pipeline_plan import PipelinePlan
 
@@ -49,6 +50,9 @@ class ActivationCheckpoint:
     """"none", "selective" or "full" (apply_ac's mode)."""
     selective_option: str = "op"
     """"op" or an integer N as a string (every Nth block)."""
+
+    def __post_init__(self):
+        check_ac_options(self.mode, self.selective_option)
 
     @property
     def granularity(self) -> ACGranularity:

@@ -176,6 +176,13 @@ class ParallelModel:
         # The loss is reported as the mean over every rank that holds different tokens.
         self._loss_mesh = layout.dims.submesh("dp_cp")
 
+    @property
+    def whole_model(self) -> nn.Module:
+        """The whole model (parallelized); with pipelining no rank holds it, so this raises."""
+        if self._pipeline is not None:
+            raise AttributeError("with pipeline parallelism each rank holds stages, not the whole model: use parts")
+        return self.parts[0]
+
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.parts:
             yield from part.parameters()

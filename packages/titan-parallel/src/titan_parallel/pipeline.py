@@ -154,9 +154,7 @@ def wrap_stages(
     cls = get_schedule_class(name)
     single = issubclass(cls, PipelineScheduleSingle)
     if single and len(model_parts) != 1:
-        raise ValueError(
-            f"parallelism.pipeline_parallel_schedule={name!r} runs one stage per rank, got {len(stage_ids)}"
-        )
+        raise ValueError(f"schedule={name!r} runs one stage per rank, got {len(stage_ids)}")
     stages = [
         PipelineStage(part, stage_id, num_stages, device, group=group)
         for part, stage_id in zip(model_parts, stage_ids, strict=True)

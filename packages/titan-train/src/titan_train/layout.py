@@ -33,6 +33,8 @@ _CONFIG_KEYS = {
     "stage_blocks": "parallelism.pipeline_parallel_stage_blocks",
     "local_batch_size": "training.local_batch_size",
     "microbatch_size": "parallelism.pipeline_parallel_microbatch_size",
+    "mode": "activation_checkpoint.mode",
+    "selective_option": "activation_checkpoint.selective_ac_option",
 }
 _SETTINGS = {
     "compiled=False": "compile.enable=false",
@@ -140,7 +142,10 @@ def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOpt
 
 def _ac(config: JobConfig) -> ActivationCheckpoint:
     ac = config.activation_checkpoint
-    return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
+    try:
+        return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
+    except ValueError as e:
+        raise _config_error(e) from None
 
 
 def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims) -> None:
@@ -161,23 +166,6 @@ def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims) -> None:
         "activation_checkpoint.mode='selective' with selective_ac_option='op', or compile.enable=false"
         + (", or parallelism.fsdp_implementation='fsdp2'" if dims.tp == 1 else "")
     )
-
-
-def _check_simple_fsdp(config: JobConfig) -> None:
-    p = config.parallelism
-    simple = p.fsdp_implementation == "simple_fsdp"
-    if p.simple_fsdp_overlap != "none" and not (simple and config.compile.enable):
-        raise ConfigError(
-            f"parallelism.simple_fsdp_overlap={p.simple_fsdp_overlap!r} reorders the collectives of compiled "
-            "blocks; it needs parallelism.fsdp_implementation='simple_fsdp' and compile.enable=true"
-        )
-    if not simple:
-        return
-    if config.float8.enable:
-        raise ConfigError(
-            "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp' (float8 "
-            "weights are not gathered through its parametrization); use fsdp_implementation='fsdp2'"
-        )
 
 
 def _check_simple_fsdp(config: JobConfig) -> None:

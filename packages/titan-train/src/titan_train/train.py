@@ -103,9 +103,7 @@ class Trainer:
     @property
     def model(self) -> torch.nn.Module:
         """The whole model; with pipeline parallelism there is none on one rank: use `model_parts`."""
-        if len(self.model_parts) != 1 or self.layout.pipeline is not None:
-            raise AttributeError("with pipeline parallelism each rank holds stages: use Trainer.model_parts")
-        return self.model_parts[0]
+        return self.parallel_model.whole_model
 
     def parameters(self):
         return self.parallel_model.parameters()
