@@ -18,6 +18,10 @@ On gloo (torch 2.13) the all-gather, reduce-scatter and all-reduce behind `redis
 work as on NCCL, so no workaround is needed; FSDP2 needs one (`data_parallel.py`) because it reduces with
 PREMUL_SUM, which gloo lacks.
 
+The property is a class swap shared with ChannelParallel (stored_params.py). On a module ChannelParallel
+swapped first (a tensor-parallel channel-wise module), the gathered parameter is handed out as its local
+view, as ChannelParallel's own property would hand out the stored one.
+
 Initialization: inside `sharded_params()` module attributes return the stored DTensors themselves, so
 `init_weights` writes into the shards as under FSDP2 (outside it, an in-place init would write into a
 gathered copy and be lost).
@@ -31,35 +35,26 @@ selective AC compiles, and eager full AC works.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 from torch.utils._pytree import tree_map_only
 
-from titan_parallel import simple_fsdp_recompute as recompute
-from titan_parallel.simple_fsdp_recompute import Layout
+import titan_parallel.simple_fsdp_recompute as recompute
+from titan_parallel.channel_parallel import local_view, local_view_names
+from titan_parallel.simple_fsdp_gather import GatherSpec, gather
+from titan_parallel.stored_params import reading_stored, swap_class
+
+# sharded_params is imported from here by titan_parallel/__init__.py; it lives in stored_params.py now.
+from titan_parallel.stored_params import sharded_params as sharded_params
 
 MODES = ("fully_shard", "replicate", "hybrid_shard")
 _PLACEMENTS = {"fully_shard": (Shard(0),), "replicate": (Replicate(),), "hybrid_shard": (Replicate(), Shard(0))}
 _CLASS_PREFIX = "SimpleFSDP"
-_sharded_access = False
-
-
-@contextlib.contextmanager
-def sharded_params():
-    """Inside, module attributes return the stored sharded DTensor parameters (no gather)."""
-    global _sharded_access
-    previous, _sharded_access = _sharded_access, True
-    try:
-        yield
-    finally:
-        _sharded_access = previous
 
 
 def apply_simple_fsdp(
@@ -104,14 +99,14 @@ def apply_simple_fsdp(
     for module in list(model.modules()):
         if type(module).__name__.startswith(_CLASS_PREFIX):
             continue  # converted already, reached again through another parent
-        layouts = {}
+        specs = {}
         for name, param in list(module.named_parameters(recurse=False)):
             if id(param) not in converted:
                 converted[id(param)] = _distribute(param, mesh, dp_placements)
             module.register_parameter(name, converted[id(param)])
-            layouts[name] = _layout(param, mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather)
-        if layouts:
-            _swap_class(module, layouts)
+            specs[name] = _gather_spec(param, mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather)
+        if specs:
+            _swap_class(module, specs)
 
     if mixed:
         for fqn in [*(block_fqns or []), ""]:
@@ -158,61 +153,36 @@ def _distribute(param: nn.Parameter, mesh: DeviceMesh, dp_placements: tuple[Plac
     return nn.Parameter(DTensor(local, spec, requires_grad=param.requires_grad), param.requires_grad)
 
 
-def _layout(original, mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather) -> Layout:
+def _gather_spec(original, mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather) -> GatherSpec:
     if not isinstance(original, DTensor):
-        return Layout(mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather)
+        return GatherSpec(mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather)
     shape = original._local_tensor.shape
     stride = torch.empty(shape, device="meta").stride()  # contiguous, as the stored shard is
     tp = (original.device_mesh, tuple(original.placements), shape, stride)
-    return Layout(mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather, *tp)
+    return GatherSpec(mesh, dp_placements, param_dtype, reduce_dtype, recompute_all_gather, *tp)
 
 
-def _swap_class(module: nn.Module, layouts: dict[str, Layout]) -> None:
-    # A property on the class wins over nn.Module.__getattr__ (which would return the raw parameter from
-    # _parameters), and state_dict() and named_parameters() read _parameters, never the property.
-    # Modules of one class with the same layouts share one subclass: dynamo guards on a module's class, and
-    # a class per module would recompile every block instead of reusing the first block's graph.
-    key = (type(module), tuple(sorted(layouts.items())))
-    if key not in _classes:
-        properties = {name: property(_getter(name, layout)) for name, layout in layouts.items()}
-        _classes[key] = type(f"{_CLASS_PREFIX}{type(module).__name__}", (type(module),), properties)
-    module.__class__ = _classes[key]
+def _swap_class(module: nn.Module, specs: dict[str, GatherSpec]) -> None:
+    local_views = local_view_names(module)
+    key = tuple(sorted((name, spec, name in local_views) for name, spec in specs.items()))
+    properties = {name: property(_getter(name, spec, name in local_views)) for name, spec in specs.items()}
+    swap_class(module, _CLASS_PREFIX, key, properties)
 
 
-_classes: dict[tuple, type] = {}
-
-
-def _getter(name: str, layout: Layout):
+def _getter(name: str, spec: GatherSpec, as_local_view: bool):
     def get(module: nn.Module) -> torch.Tensor:
         param = module._parameters[name]
-        if _sharded_access or param is None:
+        if reading_stored() or param is None:
             return param
-        if layout.recompute and torch.compiler.is_compiling():
-            return recompute.checkpointed(gather, param, layout)
-        gathered = gather(param, layout)
-        if layout.recompute and torch.is_grad_enabled():
-            recompute.remember(gathered, param, layout)
-        return gathered
+        if spec.recompute and torch.compiler.is_compiling():
+            gathered = recompute.checkpointed(param, spec)
+        else:
+            gathered = gather(param, spec)
+            if spec.recompute and torch.is_grad_enabled():
+                recompute.remember(gathered, param, spec)
+        return local_view(gathered) if as_local_view else gathered
 
     return get
-
-
-def gather(param: DTensor, layout: Layout) -> torch.Tensor:
-    """All-gather over the dp mesh in param_dtype; in backward, average the gradient in reduce_dtype.
-
-    Returns the local full tensor, or with tensor parallelism a DTensor on the tp mesh, as TP layers expect.
-    """
-    replicate = (Replicate(),) * layout.dp_mesh.ndim
-    average = (Partial("avg"),) * layout.dp_mesh.ndim
-    dtypes = {"forward_dtype": layout.param_dtype, "backward_dtype": layout.reduce_dtype}
-    if layout.tp_mesh is None:
-        return param.redistribute(placements=replicate, **dtypes).to_local(grad_placements=average)
-    # View the local shard as a DTensor on the dp mesh alone (its "full" shape is this rank's TP shard),
-    # gather it there, and rewrap the result on the tp mesh.
-    shape, stride = layout.tp_local_shape, layout.tp_local_stride
-    dp_view = DTensor.from_local(param.to_local(), layout.dp_mesh, layout.dp_placements, shape=shape, stride=stride)
-    local = dp_view.redistribute(placements=replicate, **dtypes).to_local(grad_placements=average)
-    return DTensor.from_local(local, layout.tp_mesh, layout.tp_placements, shape=param.shape, stride=param.stride())
 
 
 def _cast_inputs(dtype: torch.dtype):

@@ -23,37 +23,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
-from torch.distributed.tensor.placement_types import Placement
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from titan_parallel.simple_fsdp_gather import GatherSpec, gather
 
 _MUST = CheckpointPolicy.MUST_RECOMPUTE
 _all_gather = torch.ops._c10d_functional.all_gather_into_tensor.default
 _wait = torch.ops._c10d_functional.wait_tensor.default
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How one parameter is stored and gathered; equal for every parameter of the same kind."""
-
-    dp_mesh: DeviceMesh
-    dp_placements: tuple[Placement, ...]  # (Shard(0),), (Replicate(),) or (Replicate(), Shard(0))
-    param_dtype: torch.dtype
-    reduce_dtype: torch.dtype
-    recompute: bool
-    # Set when tensor parallelism sharded the parameter first: its mesh, placements, and this rank's shard's
-    # shape and strides before data-parallel sharding.
-    tp_mesh: DeviceMesh | None = None
-    tp_placements: tuple[Placement, ...] | None = None
-    tp_local_shape: torch.Size | None = None
-    tp_local_stride: tuple[int, ...] | None = None
-
-
-def checkpointed(gather, param: DTensor, layout: Layout) -> torch.Tensor:
+def checkpointed(param: DTensor, spec: GatherSpec) -> torch.Tensor:
     """The gather, marked for recompute in the compiled graph's backward."""
-    return checkpoint(gather, param, layout, use_reentrant=False, context_fn=_recompute_everything)
+    return checkpoint(gather, param, spec, use_reentrant=False, context_fn=_recompute_everything)
 
 
 def _recompute_everything():
@@ -67,29 +50,29 @@ def install(model: nn.Module) -> None:
     model.register_forward_hook(_exit_hooks, always_call=True)
 
 
-# Gathered buffers of the running forward, by storage address: (the buffer, its parameter, layout). The weak
+# Gathered buffers of the running forward, by storage address: (the buffer, its parameter, spec). The weak
 # reference tells a live buffer from a freed one whose address was reused.
-_gathered: dict[int, tuple[weakref.ref, DTensor, Layout]] = {}
+_gathered: dict[int, tuple[weakref.ref, DTensor, GatherSpec]] = {}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def remember(gathered: torch.Tensor, param: DTensor, layout: Layout) -> None:
+def remember(gathered: torch.Tensor, param: DTensor, spec: GatherSpec) -> None:
     local = _local(gathered)
     if local.numel() and local.device.type != "meta":
-        _gathered[local.untyped_storage().data_ptr()] = (weakref.ref(local), param, layout)
+        _gathered[local.untyped_storage().data_ptr()] = (weakref.ref(local), param, spec)
 
 
 @dataclass
 class _Regather:
     param: DTensor
-    layout: Layout
+    spec: GatherSpec
     size: torch.Size
     stride: tuple[int, ...]
     offset: int
-    spec: DTensorSpec | None  # set when the saved tensor was a (tensor-parallel) DTensor
+    dtensor_spec: DTensorSpec | None  # set when the saved tensor was a (tensor-parallel) DTensor
 
 
 def _pack(saved: torch.Tensor):
@@ -99,21 +82,19 @@ def _pack(saved: torch.Tensor):
     entry = _gathered.get(local.untyped_storage().data_ptr())
     if entry is None or entry[0]() is None:
         return saved
-    spec = saved._spec if isinstance(saved, DTensor) else None
-    return _Regather(entry[1], entry[2], local.size(), local.stride(), local.storage_offset(), spec)
+    dtensor_spec = saved._spec if isinstance(saved, DTensor) else None
+    return _Regather(entry[1], entry[2], local.size(), local.stride(), local.storage_offset(), dtensor_spec)
 
 
 def _unpack(packed):
     if not isinstance(packed, _Regather):
         return packed
-    from titan_parallel.simple_fsdp import gather
-
     with torch.no_grad():
-        local = _local(gather(packed.param, packed.layout))
+        local = _local(gather(packed.param, packed.spec))
     # The saved tensor was a view of the gathered buffer (e.g. its transpose); the new buffer has the same
     # layout, so the same size, strides and offset give the same view.
     view = local.as_strided(packed.size, packed.stride, packed.offset)
-    return view if packed.spec is None else DTensor(view, packed.spec, requires_grad=False)
+    return view if packed.dtensor_spec is None else DTensor(view, packed.dtensor_spec, requires_grad=False)
 
 
 def _enter_hooks(module: nn.Module, args) -> None:

@@ -1,4 +1,11 @@
-"""Tensor + sequence parallelism from a model's plan, and the loss on vocab-sharded logits."""
+"""Tensor + sequence parallelism from a model's plan, and the loss on vocab-sharded logits.
+
+A plan maps FQN patterns to torch ParallelStyles or to declared styles: plain data that a model package
+writes without importing titan-parallel (titan-models may import torch only), recognized by duck typing:
+
+    an object with parallel_style == "channel_shard" and `sharded` (a tuple of parameter/buffer names)
+        -> ChannelParallel(sharded)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard)
+"""
 
 import contextlib
 import math
@@ -6,6 +13,8 @@ import math
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
+
+from titan_parallel.channel_parallel import ChannelParallel
 
 
 def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
@@ -18,14 +27,29 @@ def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
             raise ValueError(f"parallelism.tensor_parallel_degree={tp} does not divide {name}={size}; use {listed}")
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> nn.Module:
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object]) -> nn.Module:
     """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
 
-    Entries naming a module set to None (a pipeline stage without the embedding or the output) are left
-    out: the whole model's plan serves each stage, without torch warning about every missing module.
+    Values are ParallelStyles or declared styles (module docstring). Entries naming a module set to None (a
+    pipeline stage without the embedding or the output) are left out: the whole model's plan serves each
+    stage, without torch warning about every missing module.
     """
-    present = {fqn: style for fqn, style in plan.items() if not _set_to_none(model, fqn)}
+    present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _set_to_none(model, fqn)}
     return parallelize_module(model, mesh, present)
+
+
+def _as_parallel_style(fqn: str, entry: object) -> ParallelStyle:
+    """The ParallelStyle a plan entry stands for: itself, or the style a declared style names."""
+    if isinstance(entry, ParallelStyle):
+        return entry
+    # A tuple, not any iterable: a lone string would shard one-letter names.
+    if getattr(entry, "parallel_style", None) == "channel_shard" and isinstance(getattr(entry, "sharded", None), tuple):
+        return ChannelParallel(entry.sharded)
+    raise TypeError(
+        f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
+        "style; use a ParallelStyle, or an object with parallel_style='channel_shard' and `sharded`, a tuple of "
+        "parameter/buffer names"
+    )
 
 
 def _set_to_none(model: nn.Module, fqn: str) -> bool:
