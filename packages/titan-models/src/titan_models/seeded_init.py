@@ -20,14 +20,15 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-# Wrappers that torch.compile, activation checkpointing and FSDP1 insert into parameter names; the seed
-# must come from the name the plain model would have.
+# Wrappers that torch.compile, activation checkpointing and FSDP1 insert into parameter names, and the
+# path torch.nn.utils.parametrize moves a parametrized parameter to; the seed must come from the name the
+# plain model would have. (Titan's SimpleFSDP and ChannelParallel keep parameter names as they are.)
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 _PARAMETRIZATION = re.compile(r"parametrizations\.([^.]+)\.original")
 
 
 def canonical_fqn(fqn: str) -> str:
-    """The parameter name with wrapper modules and parametrizations (e.g. SimpleFSDP's) removed."""
+    """The parameter name with wrapper modules and torch parametrizations removed."""
     for prefix in _WRAPPER_PREFIXES:
         fqn = fqn.replace(prefix, "")
     return _PARAMETRIZATION.sub(r"\1", fqn)
@@ -67,8 +68,9 @@ class SeededInit:
         if param_and_name is None:
             raise ValueError(
                 f"SeededInit: tensor of shape {tuple(param.shape)} is not a parameter of the model it was "
-                f"built for (with a parametrization active, e.g. SimpleFSDP, initialize under "
-                f"disable_active_parametrization() so module.weight is the parameter itself)"
+                "built for. Under SimpleFSDP or tensor-parallel ChannelParallel, module.weight is a gathered "
+                "copy or a local view; initialize inside titan_parallel.sharded_params(), where it is the "
+                "stored parameter"
             )
         name = param_and_name[1]
         if param.device.type == "meta":
