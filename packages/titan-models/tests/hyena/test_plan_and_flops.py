@@ -5,6 +5,7 @@ import pytest
 from titan_models import get_model_spec
 from titan_models.hyena import FLAVORS, count_params, flops_per_token, hyena_plan, hyena_tp_plan
 from titan_models.hyena.flops import fft_conv_flops
+from titan_models.tp_styles import ChannelShard
 
 
 def test_plan_names_real_modules(build):
@@ -17,6 +18,19 @@ def test_plan_names_real_modules(build):
         prefix, _, rest = pattern.partition("*.")
         assert any(name == pattern or (rest and name.startswith(prefix) and name.endswith(rest)) for name in modules)
     assert plan.tp_divisible == {"model.dim": 64, "model.ffn_hidden_dim": model.args.hidden_dim}
+
+
+def test_channel_shards_name_per_channel_tensors(build):
+    """Every tensor a ChannelShard entry shards exists and has the module's channels on dim 0."""
+    model = build("tiny")
+    channel_shards = {k: v for k, v in hyena_tp_plan().items() if isinstance(v, ChannelShard)}
+    assert set(channel_shards) == {"layers.*.mixer.short_filter", "layers.*.mixer.filter"}
+    mixer = model.layers["0"].mixer
+    for pattern, style in channel_shards.items():
+        module = mixer.get_submodule(pattern.rpartition(".")[2])
+        tensors = dict(module.named_parameters()) | dict(module.named_buffers())
+        dims = {tensors[name].shape[0] for name in style.sharded}
+        assert dims == {tensors[style.sharded[0]].shape[0]} and dims.pop() % model.args.dim == 0, pattern
 
 
 def test_flops_per_token_is_6n_plus_the_fft_convolutions():

@@ -3,7 +3,7 @@ FFT convolution that applies it.
 
 Channel layout: the N + 1 projections of a channel are adjacent ([..., c * (N + 1) + g]) and so are its
 N - 1 filters ([c * (N - 1) + i]). A contiguous shard of channels therefore holds whole channels, which
-is what lets tensor parallelism split them (see plan.py).
+is what lets tensor parallelism split them (see plan.py); these modules then simply see fewer channels.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_models.hyena.args import HyenaArgs
-from titan_models.hyena.sharding import local
 from titan_models.seeded_init import SeededInit, copy_full_
 
 # A decay window falls to this fraction of its start at lag decay_fast/decay_slow * filter_len (safari).
@@ -47,7 +46,7 @@ class ShortConv(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u [bs, seqlen, channels] -> [bs, channels, seqlen] (channels first, as the long convolution wants)."""
-        weight, bias = local(self.weight), local(self.bias)
+        weight, bias = self.weight, self.bias
         kernel = weight.shape[1]
         padded = F.pad(u.transpose(1, 2), (kernel - 1, 0))
         return F.conv1d(padded, weight.unsqueeze(1).to(u.dtype), bias.to(u.dtype), groups=weight.shape[0])
@@ -93,15 +92,15 @@ class ImplicitFilter(nn.Module):
 
     def forward(self, length: int) -> torch.Tensor:
         """h [channels, length] in float32 (float64 for a float64 model), at lags 0..length-1."""
-        out_weight = local(self.out.weight)
+        out_weight = self.out.weight
         dtype = torch.promote_types(out_weight.dtype, torch.float32)
         z = self.features(length, out_weight.device, dtype)
-        freqs = local(self.freqs).to(dtype)
+        freqs = self.freqs.to(dtype)
         for k, linear in enumerate((self.pos, *self.hidden)):
-            z = torch.sin(freqs[k] * F.linear(z, local(linear.weight).to(dtype), local(linear.bias).to(dtype)))
+            z = torch.sin(freqs[k] * F.linear(z, linear.weight.to(dtype), linear.bias.to(dtype)))
         h = F.linear(z, out_weight.to(dtype)).transpose(0, 1)
         ramp = torch.arange(length, device=h.device, dtype=dtype) / self.filter_len
-        decay = torch.exp(-ramp[None, :] * local(self.decay_rates).to(dtype)[:, None])
+        decay = torch.exp(-ramp[None, :] * self.decay_rates.to(dtype)[:, None])
         return h * decay
 
     def init_weights(self, init: SeededInit) -> None:

@@ -13,7 +13,6 @@ from torch import nn
 
 from titan_models.hyena.args import HyenaArgs
 from titan_models.hyena.filter import ImplicitFilter, ShortConv, fft_causal_conv
-from titan_models.hyena.sharding import local
 from titan_models.llama3.model import FeedForward, RMSNorm
 from titan_models.seeded_init import SeededInit
 
@@ -49,7 +48,7 @@ class HyenaOperator(nn.Module):
         seqlen = x.shape[1]
         *gates, v = self.split(self.short_filter(self.in_proj(x)))
         n_filters = self.order - 1
-        skip = local(self.filter.skip).view(-1, n_filters)
+        skip = self.filter.skip.view(-1, n_filters)
         h = None if long_conv is not None else self.filter(seqlen).view(-1, n_filters, seqlen)
         for i, gate in enumerate(reversed(gates[1:])):
             v = v * gate

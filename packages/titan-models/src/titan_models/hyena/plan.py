@@ -7,7 +7,11 @@ between keep their own channels' parameters. Two layout choices make that exact:
 - in_proj's output is channel-major ([c * (N + 1) + g] for channel c, stream g), so a contiguous
   column shard holds every stream x_0..x_{N-1}, v of its channels: the split stays consistent.
 - The filters are channel-major too ([c * (N - 1) + i]); the filter MLP shared by all channels is
-  replicated, and its gradient, computed by each rank for its own channels, is summed by DTensor.
+  replicated, and its gradient, computed by each rank for its own channels, is summed over the ranks.
+
+The channel-wise modules (the short convolution, the implicit filter) are declared as ChannelShard
+(titan_models.tp_styles): titan-parallel shards their per-channel tensors and has them read plain local
+tensors, so the model code computes on its own channels without knowing it is split.
 
 Between blocks activations are sharded over the sequence (Shard(1)) as for Llama; the mixer all-gathers
 them, since a long convolution needs the whole sequence.
@@ -15,52 +19,17 @@ them, since a long convolution needs the whole sequence.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
-
-from torch import nn
 
 from titan_models.hyena.args import HyenaArgs
 from titan_models.plan import ModelPlan
+from titan_models.tp_styles import ChannelShard
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
-@functools.cache
-def _channel_parallel_cls() -> type:
-    """The ParallelStyle class, built on first use: model code imports no torch.distributed at import time."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
-    from torch.distributed.tensor.parallel import ParallelStyle
-
-    class ChannelParallel(ParallelStyle):
-        """Shard the named parameters and buffers of a channel-wise module on dim 0 (its channels) and
-        replicate the rest. Inputs and outputs stay plain local tensors: the module computes on its own
-        channels, reading its parameters through titan_models.hyena.sharding.local."""
-
-        def __init__(self, sharded: tuple[str, ...]):
-            super().__init__()
-            self.sharded = frozenset(sharded)
-
-        def _partition(self, prefix: str, module: nn.Module, mesh) -> None:
-            def placement(name: str):
-                return [Shard(0) if (f"{prefix}.{name}" if prefix else name) in self.sharded else Replicate()]
-
-            for name, param in list(module.named_parameters(recurse=False)):
-                dparam = nn.Parameter(distribute_tensor(param, mesh, placement(name), src_data_rank=self.src_data_rank))
-                module.register_parameter(name, dparam)
-            for name, buffer in list(module.named_buffers(recurse=False)):
-                persistent = name not in module._non_persistent_buffers_set
-                dbuffer = distribute_tensor(buffer, mesh, placement(name), src_data_rank=self.src_data_rank)
-                module.register_buffer(name, dbuffer, persistent=persistent)
-
-        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-            return distribute_module(module, device_mesh, self._partition)
-
-    return ChannelParallel
-
-
-def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle | ChannelShard]:
     """Tensor + sequence parallel plan, keyed by FQN pattern (see the module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -70,7 +39,6 @@ def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
         SequenceParallel,
     )
 
-    channel_parallel = _channel_parallel_cls()
     return {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -82,8 +50,8 @@ def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
         "layers.*.mixer_norm": SequenceParallel(),
         "layers.*.mixer": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "layers.*.mixer.in_proj": ColwiseParallel(),
-        "layers.*.mixer.short_filter": channel_parallel(("weight", "bias")),
-        "layers.*.mixer.filter": channel_parallel(("out.weight", "skip", "decay_rates")),
+        "layers.*.mixer.short_filter": ChannelShard(("weight", "bias")),
+        "layers.*.mixer.filter": ChannelShard(("out.weight", "skip", "decay_rates")),
         "layers.*.mixer.out_proj": RowwiseParallel(output_layouts=Shard(1)),
         "layers.*.ffn_norm": SequenceParallel(),
         "layers.*.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),

@@ -1,0 +1,27 @@
+"""Tensor-parallel styles a model's plan declares as plain data, for what torch's ParallelStyles do not cover.
+
+titan-models imports torch only, so it cannot build titan-parallel's styles; it names them instead, and
+titan_parallel.apply_tp turns each declaration into the style (matching `parallel_style`, not the class).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class ChannelShard:
+    """For a module that computes each channel on its own (a depthwise convolution, per-channel filters):
+    shard the tensors named in `sharded` (parameters and buffers, relative to the module, e.g.
+    "out.weight") on dim 0, their channel dim; replicate the module's other tensors. The module's forward
+    then reads plain local tensors, this rank's channels, and gets this rank's channels as input.
+    titan-parallel applies it as ChannelParallel."""
+
+    sharded: tuple[str, ...]
+    parallel_style: ClassVar[str] = "channel_shard"
+
+    def __post_init__(self):
+        if isinstance(self.sharded, str) or not all(isinstance(name, str) for name in self.sharded):
+            raise TypeError(f"ChannelShard(sharded={self.sharded!r}) needs a tuple of names, e.g. ('weight', 'bias')")
+        object.__setattr__(self, "sharded", tuple(self.sharded))
