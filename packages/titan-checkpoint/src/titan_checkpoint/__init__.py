@@ -1,4 +1,5 @@
-"""DCP checkpoint manager and DCP <-> safetensors (Hugging Face layout) export/import.
+"""DCP checkpoint manager, one-off checkpoint save/load, and DCP <-> safetensors (Hugging Face layout)
+export/import.
 
 Typical use (titan-train does this; every rank runs it)::
 
@@ -13,6 +14,11 @@ Typical use (titan-train does this; every rank runs it)::
         ...
         manager.save(step, last=step == steps)
     manager.close()
+
+Without a run to manage (a seed checkpoint, weights for generation), one call each::
+
+    save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=...)   # -> folder/step-0
+    step = load_checkpoint(folder, {"model": ModelState(model)})                # latest complete step
 """
 
 from titan_checkpoint.adapters import find_hf_adapter
@@ -21,7 +27,9 @@ from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, Che
 from titan_checkpoint.folder import complete_steps, latest_step, read_meta
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import load_hf_into_model, load_hf_safetensors
-from titan_checkpoint.manager import CheckpointManager, save_seed_checkpoint
+from titan_checkpoint.loading import load_checkpoint
+from titan_checkpoint.manager import CheckpointManager
+from titan_checkpoint.saving import save_checkpoint, save_seed_checkpoint
 from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
 __version__ = "0.1.0"
@@ -42,8 +50,10 @@ __all__ = [
     "export_safetensors",
     "find_hf_adapter",
     "latest_step",
+    "load_checkpoint",
     "load_hf_into_model",
     "load_hf_safetensors",
     "read_meta",
+    "save_checkpoint",
     "save_seed_checkpoint",
 ]

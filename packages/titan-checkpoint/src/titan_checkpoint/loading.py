@@ -1,4 +1,5 @@
-"""Reading one checkpoint back into Stateful objects, on every rank of a group.
+"""Reading one checkpoint back into Stateful objects, on every rank of a group: `load_checkpoint` for a
+one-off load, `load_states` under it and under CheckpointManager.
 
 Before any tensor is read: the files are checked (sizes and CRC-32s, the reading split among the ranks),
 the checkpoint must hold every requested state, each rank-local state must have this rank's entry, and a
@@ -10,6 +11,7 @@ collective for the others.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, raise_from_dcp
+from titan_checkpoint.folder import check_fingerprint, read_meta, resolve_checkpoint
 from titan_checkpoint.states import DataParallelState, RankLocal
 from titan_checkpoint.storage import (
     SafeFileSystemReader,
@@ -131,3 +134,28 @@ def load_states(
     if meta.get("world_size", world_size) != world_size:
         logger.info(f"checkpoint: resharded from {meta['world_size']} to {world_size} ranks")
     logger.info(f"checkpoint: loaded {', '.join(state_dict)} from {path} ({time.perf_counter() - start:.1f}s)")
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    states: dict[str, Any],
+    *,
+    fingerprint: dict[str, Any] | None = None,
+    strict_fingerprint: bool = True,
+    verify_checksums: bool = True,
+    process_group: dist.ProcessGroup | None = None,
+) -> int:
+    """Restore every entry of `states` (name -> object with load_state_dict()) from one checkpoint, without a
+    CheckpointManager: {"model": ModelState(model)} reads the weights alone, from a full or a model-only
+    checkpoint, into any parallel layout. Returns the checkpoint's step (0 for a plain DCP folder).
+
+    path: a step-<N> folder, a folder of them (the latest complete one), or a plain DCP folder. The checks
+    are the manager's: every file's size and CRC-32 (verify_checksums), the fingerprint when one is given
+    (strict_fingerprint=False warns instead of refusing), every requested state present. Every rank of
+    `process_group` (default: the default group, if any) calls it.
+    """
+    checkpoint = resolve_checkpoint(path)
+    meta = read_meta(checkpoint)
+    check_fingerprint(checkpoint, meta, fingerprint, strict_fingerprint)
+    load_states(checkpoint, meta, states, list(states), group=process_group, verify_checksums=verify_checksums)
+    return int(meta.get("step", 0))

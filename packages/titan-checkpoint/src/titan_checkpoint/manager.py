@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import Future
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +24,19 @@ from titan_checkpoint.config import CheckpointConfig
 from titan_checkpoint.errors import CheckpointError, raise_from_dcp
 from titan_checkpoint.folder import (
     check_fingerprint,
-    commit,
     complete_steps,
     normalize_fingerprint,
-    purge,
     read_meta,
     resolve_checkpoint,
     step_dir,
     tmp_dir,
-    write_meta,
 )
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import load_hf_into_model
 from titan_checkpoint.loading import load_states
+from titan_checkpoint.saving import checkpoint_meta, commit_save, start_save, states_to_save
 from titan_checkpoint.states import ModelState, RankLocal, RNGState
-from titan_checkpoint.storage import ChecksumWriter, collect_checksums
+from titan_checkpoint.storage import ChecksumWriter
 
 logger = logging.getLogger("titan.checkpoint")
 
@@ -142,26 +138,10 @@ class CheckpointManager:
             dist.barrier(group=self._pg)
 
     def _save(self, step: int, names: list[str], model_dtype: torch.dtype | None) -> None:
-        tmp = tmp_dir(self.folder, step)
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted save of this step
-            tmp.mkdir(parents=True)
-        self._barrier()
+        tmp = start_save(self.folder, step, self._pg)
         start = time.perf_counter()
-        state_dict = {name: self.states[name].state_dict() for name in names}
-        if model_dtype is not None:
-            state_dict["model"] = {k: v.to(model_dtype) for k, v in state_dict["model"].items()}
-        meta = {
-            "step": step,
-            "contents": names,
-            "model_only": names == ["model"],
-            "model_dtype": None if model_dtype is None else str(model_dtype).removeprefix("torch."),
-            "fingerprint": self.fingerprint,
-            "world_size": self.world_size,
-            "layout": self.layout,
-            "torch_version": torch.__version__,
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
+        state_dict = states_to_save(self.states, names, model_dtype)
+        meta = checkpoint_meta(step, names, model_dtype, self.fingerprint, self.layout, self.world_size)
         writer = ChecksumWriter(tmp)
         if self.async_mode == "disabled":
             try:
@@ -211,11 +191,7 @@ class CheckpointManager:
         logger.debug(f"checkpoint: step {step} staged in {time.perf_counter() - start:.2f}s; writing in the background")
 
     def _commit(self, step: int, meta: dict[str, Any]) -> None:
-        """Rank 0, after every rank has written: checksums and titan_meta.json, then the atomic rename."""
-        tmp = tmp_dir(self.folder, step)
-        write_meta(tmp, {**meta, "files": collect_checksums(tmp)})
-        commit(tmp, step_dir(self.folder, step))
-        purge(self.folder, self.config.keep_latest_k, just_saved=step)
+        commit_save(self.folder, step, meta, self.config.keep_latest_k)
 
     def wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the state off the parameters; call it before the
@@ -322,18 +298,3 @@ class CheckpointManager:
             export_safetensors(checkpoint, out, adapter=adapter, **kwargs)
         self._barrier()
         return Path(out)
-
-
-def save_seed_checkpoint(
-    folder: str | os.PathLike, model: torch.nn.Module, *, fingerprint: dict[str, Any] | None = None
-) -> Path:
-    """Write the initialized `model` as `<folder>/step-0`, model only: the seed every parallel layout
-    starts from (DCP reshards it on load). Run in one process, before any training."""
-    manager = CheckpointManager(
-        folder,
-        {"model": ModelState(model)},
-        CheckpointConfig(interval=0, keep_latest_k=0, save_rng=False),
-        fingerprint=fingerprint,
-    )
-    manager._save(0, ["model"], None)
-    return step_dir(folder, 0)

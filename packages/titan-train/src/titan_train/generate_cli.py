@@ -83,11 +83,9 @@ def load_weights(model: torch.nn.Module, path: str, hf_adapter) -> str:
 
         load_hf_into_model(model, p, hf_adapter())
         return "safetensors"
-    from titan_checkpoint import CheckpointConfig, CheckpointManager, ModelState
+    from titan_checkpoint import ModelState, load_checkpoint
 
-    # An empty run folder: the manager takes the weights from initial_load_path, model only, like a fine-tune.
-    config = CheckpointConfig(save_rng=False, initial_load_path=str(p), initial_load_format="dcp")
-    CheckpointManager(p / ".titan-generate-unused", {"model": ModelState(model)}, config).load()
+    load_checkpoint(p, {"model": ModelState(model)})  # the weights alone, from a full or a model-only save
     return "dcp"
 
 
