@@ -75,7 +75,8 @@ def test_gradients_are_shards_or_partial_sums(one_rank_mesh):
 
 
 def test_unknown_name_is_refused(one_rank_mesh):
-    with pytest.raises(ValueError, match=r"'scales' name no parameter or buffer of PerChannelScale; its tensors are"):
+    message = r"PerChannelScale has no parameter or buffer named 'scales'; its tensors are scale, mix.weight"
+    with pytest.raises(ValueError, match=message):
         apply_tp(nn.Sequential(PerChannelScale()), one_rank_mesh, {"0": ChannelParallel(["scales"])})
 
 

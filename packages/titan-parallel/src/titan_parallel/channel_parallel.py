@@ -57,8 +57,8 @@ class ChannelParallel(ParallelStyle):
         unknown = sorted(self.sharded - set(tensors))
         if unknown:
             raise ValueError(
-                f"ChannelParallel: {', '.join(map(repr, unknown))} name no parameter or buffer of "
-                f"{type(module).__name__}; its tensors are {', '.join(tensors)}"
+                f"ChannelParallel: {type(module).__name__} has no parameter or buffer named "
+                f"{', '.join(map(repr, unknown))}; its tensors are {', '.join(tensors)}"
             )
         distribute_module(module, device_mesh, self._partition)
         for submodule in module.modules():

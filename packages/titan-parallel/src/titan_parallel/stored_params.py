@@ -2,8 +2,9 @@
 that makes such properties hand out the stored tensors instead.
 
 A property on the module's class wins over nn.Module.__getattr__ (which would return the raw tensor from
-_parameters or _buffers), while state_dict(), named_parameters(), DCP, to_empty() and FSDP2 use those
-dicts directly, never the property: checkpoint keys and the stored tensors are unchanged. Modules of one
+_parameters or _buffers), while state_dict(), named_parameters(), DCP and to_empty() use those dicts
+directly, never the property: checkpoint keys and the stored tensors are unchanged. (FSDP2 reads a
+parameter back through getattr in places; channel_parallel.py says how its property allows for that.) Modules of one
 class given the same properties share one subclass: dynamo guards on a module's class, and a class per
 module would recompile every block instead of reusing the first block's graph.
 
