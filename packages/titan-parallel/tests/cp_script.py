@@ -25,15 +25,15 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from titan_parallel import (
     ParallelDims,
+    RingAttention,
     apply_ac,
     apply_compile,
-    apply_fsdp,
     apply_cp,
+    apply_fsdp,
     apply_tp,
     build_pipeline,
     load_balanced_positions,
     plan_pipeline,
-    RingAttention,
     ring_attention,
     shard_sequence,
     unshard_sequence,

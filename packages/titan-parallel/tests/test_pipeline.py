@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the
 import pp_toy  # noqa: E402
 from multiprocess import launch  # noqa: E402
 
-from titan_parallel import SCHEDULES, plan_pipeline  # noqa: E402
+from titan_parallel import SCHEDULES  # noqa: E402
 from titan_parallel.pipeline import wrap_stages  # noqa: E402
 from titan_parallel.pipeline_plan import (  # noqa: E402
     check_microbatches,

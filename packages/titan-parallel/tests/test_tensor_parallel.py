@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the
 
 import pp_toy  # noqa: E402
 
-from titan_parallel import apply_tp, build_stage_modules  # noqa: E402
+from titan_parallel import apply_tp  # noqa: E402
+from titan_parallel.pipeline_split import build_stage_modules  # noqa: E402
 
 
 @pytest.fixture

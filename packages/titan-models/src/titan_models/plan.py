@@ -23,8 +23,10 @@ class ModelPlan:
     output_fqns: list[str]
     """Modules after the last block (e.g. "norm", "output"); they go to the last pipeline stage."""
     tp_plan: Callable[..., dict[str, ParallelStyle]]
-    """Builds the tensor/sequence-parallel plan: {FQN pattern ("*" matches one name): ParallelStyle}.
-    Takes keyword options such as loss_parallel."""
+    """Builds the tensor/sequence-parallel plan: {FQN pattern ("*" matches one name): style}. Takes keyword
+    options such as loss_parallel. Styles are torch ParallelStyles or styles declared as data
+    (`titan_models.tp_styles.ChannelShard`), which titan_parallel.apply_tp recognizes by duck typing
+    (`parallel_style == "channel_shard"` plus a `sharded` tuple)."""
     tp_divisible: dict[str, int] = field(default_factory=dict)
     """Sizes the tensor-parallel degree must divide, by the name to use in error messages
     (e.g. {"model.n_heads": 16})."""

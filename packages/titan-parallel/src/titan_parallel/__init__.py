@@ -6,7 +6,8 @@
   `ModelConverter` is the hook for transforms from other packages (float8).
 - `device_type`, `device_module`, `distributed_backend`: the one place that picks the device and backend.
 - `ParallelDims`: the degrees (dp_replicate x dp_shard x cp x tp x pp = world size) and the named mesh.
-- The parallelisms, one file each, usable alone: `apply_tp` (+ `check_tp_degree`, `loss_context`),
+- The parallelisms, one file each, usable alone: `apply_tp` (+ `check_tp_degree`, `loss_context`; plan values
+  are ParallelStyles or styles declared as data: `parallel_style='channel_shard'` -> `ChannelParallel`),
   `apply_cp` (+ `shard_sequence` / `unshard_sequence` / `load_balanced_positions`, `ring_attention`),
   `apply_ac`, `apply_compile`, `apply_fsdp` / `apply_ddp`, `apply_simple_fsdp` (`SIMPLE_FSDP_MODES`,
   `sharded_params`, `enable_overlap` with `OVERLAP_MODES`), `clip_grad_norm_`.
@@ -15,6 +16,7 @@
 """
 
 from titan_parallel.activation_checkpoint import apply_ac
+from titan_parallel.channel_parallel import ChannelParallel
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
 from titan_parallel.context_parallel import (
@@ -40,8 +42,9 @@ from titan_parallel.pipeline import Pipeline, build_pipeline
 from titan_parallel.pipeline_plan import SCHEDULES, PipelinePlan, plan_pipeline
 from titan_parallel.ring_attention import ring_attention
 from titan_parallel.simple_fsdp import MODES as SIMPLE_FSDP_MODES
-from titan_parallel.simple_fsdp import apply_simple_fsdp, sharded_params
+from titan_parallel.simple_fsdp import apply_simple_fsdp
 from titan_parallel.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
+from titan_parallel.stored_params import sharded_params
 from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
 __version__ = "0.1.0"
@@ -49,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ACGranularity",
     "ActivationCheckpoint",
+    "ChannelParallel",
     "ContextParallel",
     "DataParallel",
     "Layout",

@@ -32,8 +32,9 @@ from titan_parallel.context_parallel import apply_cp, load_balanced_positions, s
 from titan_parallel.data_parallel import apply_ddp, apply_fsdp
 from titan_parallel.layout import DataParallel, Layout
 from titan_parallel.pipeline import Pipeline, build_pipeline
-from titan_parallel.simple_fsdp import apply_simple_fsdp, sharded_params
+from titan_parallel.simple_fsdp import apply_simple_fsdp
 from titan_parallel.simple_fsdp_overlap import enable_overlap
+from titan_parallel.stored_params import sharded_params
 from titan_parallel.tensor_parallel import apply_tp, loss_context
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -49,9 +49,6 @@ from titan_parallel.channel_parallel import local_view, local_view_names
 from titan_parallel.simple_fsdp_gather import GatherSpec, gather
 from titan_parallel.stored_params import reading_stored, swap_class
 
-# sharded_params is imported from here by titan_parallel/__init__.py; it lives in stored_params.py now.
-from titan_parallel.stored_params import sharded_params as sharded_params
-
 MODES = ("fully_shard", "replicate", "hybrid_shard")
 _PLACEMENTS = {"fully_shard": (Shard(0),), "replicate": (Replicate(),), "hybrid_shard": (Replicate(), Shard(0))}
 _CLASS_PREFIX = "SimpleFSDP"
