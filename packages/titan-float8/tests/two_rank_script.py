@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module  # noqa: E402
 
-from titan_float8 import Float8Options, convert_to_float8, float8_tp_plan, precompute_float8_scales  # noqa: E402
+from titan_float8 import Float8Converter, Float8Options, convert_to_float8, float8_tp_plan  # noqa: E402
 
 STEPS = 3
 
@@ -84,8 +84,8 @@ def fsdp_run(options: Float8Options, data, weights: dict[str, torch.Tensor], com
         loss.backward()
         opt.step()
         opt.zero_grad()
+        Float8Converter(options).after_optimizer_step([model])  # as titan-parallel's ParallelModel calls it
         if options.precompute_float8_dynamic_scale_for_fsdp:
-            precompute_float8_scales(model)
             # The next all-gather uses this scale (identical numerics would not tell).
             assert w1._local_tensor._precomputed_scale is not None
         losses.append(mean_over_ranks(loss.item()))

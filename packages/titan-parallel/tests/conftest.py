@@ -2,13 +2,16 @@
 own): blocks of RMSNorm + causal SDPA attention + SwiGLU in an nn.ModuleDict keyed "0".."n-1", each
 block called as block(x, rope) like Llama's block(x, freqs_cis). Seven matmuls per block, as in Llama.
 
-Fixtures: `build_toy_model(seed=0, n_layers=4)`, `block_fqns(model)`, `tokens`, `loss_and_grads(model, tokens)`.
+Fixtures: `build_toy_model(seed=0, n_layers=4)`, `block_fqns(model)`, `tokens`, `loss_and_grads(model, tokens)`,
+`one_rank_mesh` (a 1-rank gloo mesh, for DTensor code that needs a process group but no peers).
 """
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 VOCAB, DIM, N_HEADS, HIDDEN, SEQ = 64, 32, 4, 64, 16
 
@@ -92,3 +95,15 @@ def loss_and_grads():
         return loss.detach(), grads
 
     return step
+
+
+@pytest.fixture
+def one_rank_mesh():
+    owner = not dist.is_initialized()
+    if owner:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        if owner:
+            dist.destroy_process_group()

@@ -7,9 +7,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titan_parallel import apply_tp, sharded_params
@@ -34,18 +32,6 @@ class PerChannelScale(nn.Module):
 class Declared:  # what titan_models.tp_styles.ChannelShard looks like to titan-parallel
     sharded: tuple[str, ...]
     parallel_style: ClassVar[str] = "channel_shard"
-
-
-@pytest.fixture
-def one_rank_mesh():
-    owner = not dist.is_initialized()
-    if owner:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        if owner:
-            dist.destroy_process_group()
 
 
 def test_declared_style_stores_dtensors_and_the_module_reads_local_views(one_rank_mesh):

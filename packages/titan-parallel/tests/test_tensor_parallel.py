@@ -5,9 +5,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -17,18 +14,6 @@ import pp_toy  # noqa: E402
 
 from titan_parallel import apply_tp  # noqa: E402
 from titan_parallel.pipeline_split import build_stage_modules  # noqa: E402
-
-
-@pytest.fixture
-def one_rank_mesh():
-    owner = not dist.is_initialized()
-    if owner:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        if owner:
-            dist.destroy_process_group()
 
 
 def last_stage():

@@ -1,6 +1,6 @@
 """Float8 training for Titan models via torchao: convert Linear layers, FSDP2 float8 all-gather, float8 TP.
 
-    converter = Float8Converter(options, fsdp=True)  # the three steps below, for build_parallel_model
+    converter = Float8Converter(options)             # the three steps below, for build_parallel_model
     report = convert_to_float8(model, options)       # on the meta model, before TP / compile / FSDP
     apply_tp(model, mesh, float8_tp_plan(plan, model, mesh))
     ...

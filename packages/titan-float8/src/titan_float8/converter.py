@@ -3,13 +3,14 @@ tensor-parallel plan to them, and precompute the weights' scales after each opti
 
 It has the shape of titan_parallel's `ModelConverter` (the packages share no import):
 
-    converter = Float8Converter(options, fsdp=True)
+    converter = Float8Converter(options)
     model = build_parallel_model(..., converter=converter)    # convert -> ... -> tp_plan -> ...
     optimizer.step(); model.after_optimizer_step()            # one all-reduce for every weight's scale
 """
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 
 from titan_float8.convert import Float8Options, convert_to_float8
 from titan_float8.fsdp import precompute_float8_scales
@@ -17,11 +18,9 @@ from titan_float8.tensor_parallel import float8_tp_plan
 
 
 class Float8Converter:
-    def __init__(self, options: Float8Options, *, fsdp: bool):
-        """`fsdp`: whether FSDP2 shards the parameters; the scale precompute (one all-reduce for all the
-        weights' amaxes) exists only for its float8 all-gather."""
+    def __init__(self, options: Float8Options):
         self.options = options
-        self.precompute_scales = options.enable and options.precompute_float8_dynamic_scale_for_fsdp and fsdp
+        self.precompute_scales = options.enable and options.precompute_float8_dynamic_scale_for_fsdp
 
     def convert(self, model: nn.Module) -> None:
         convert_to_float8(model, self.options)
@@ -30,6 +29,10 @@ class Float8Converter:
         return float8_tp_plan(plan, model, tp_mesh) if self.options.enable else plan
 
     def after_optimizer_step(self, parts: list[nn.Module]) -> None:
-        if self.precompute_scales:
-            for part in parts:
+        if not self.precompute_scales:
+            return
+        for part in parts:
+            # The precompute (one all-reduce for every weight's amax) serves FSDP2's float8 all-gather, so it
+            # runs where FSDP2 wraps the part (its root is then an FSDPModule), as the layout decided.
+            if isinstance(part, FSDPModule):
                 precompute_float8_scales(part)

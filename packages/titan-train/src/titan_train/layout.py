@@ -88,7 +88,8 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
             f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
             "run it without torchrun, then launch the parallel run from that folder"
         )
-    _check_compiled_block_ac(config, dims)
+    ac = _ac(config)
+    _check_compiled_block_ac(config, dims, ac)
     if dims.tp > 1:
         try:
             check_tp_degree(dims.tp, plan.tp_divisible)
@@ -111,9 +112,9 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         reshard_after_forward=p.fsdp_reshard_after_forward,
         simple_fsdp=_simple_fsdp_options(config, dims) if data_parallel is DataParallel.SIMPLE_FSDP else None,
         loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
-        activation_checkpoint=_ac(config),
+        activation_checkpoint=ac,
         compile_backend=config.compile.backend if config.compile.enable else None,
-        pipeline=_pipeline_plan(config, dims, plan.block_fqns) if dims.pp > 1 else None,
+        pipeline=_pipeline_plan(config, dims, plan.block_fqns, ac) if dims.pp > 1 else None,
         context_parallel=(
             ContextParallel(p.context_parallel_variant, p.context_parallel_implementation, t.seq_len)
             if dims.cp > 1
@@ -148,10 +149,10 @@ def _ac(config: JobConfig) -> ActivationCheckpoint:
         raise _config_error(e) from None
 
 
-def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims) -> None:
+def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims, ac: ActivationCheckpoint) -> None:
     """Compiled whole-block checkpoints fail in AOTAutograd when parameters are DTensors (it saves DTensor
     mesh metadata for backward): tensor parallel and SimpleFSDP both make them so."""
-    if not config.compile.enable or _ac(config).granularity is not ACGranularity.BLOCK:
+    if not config.compile.enable or ac.granularity is not ACGranularity.BLOCK:
         return
     simple = config.parallelism.fsdp_implementation == "simple_fsdp"
     if dims.tp > 1:
@@ -185,7 +186,7 @@ def _check_simple_fsdp(config: JobConfig) -> None:
         )
 
 
-def _pipeline_plan(config: JobConfig, dims: ParallelDims, block_fqns: list[str]):
+def _pipeline_plan(config: JobConfig, dims: ParallelDims, block_fqns: list[str], ac: ActivationCheckpoint):
     p = config.parallelism
     try:
         return plan_pipeline(
@@ -197,7 +198,7 @@ def _pipeline_plan(config: JobConfig, dims: ParallelDims, block_fqns: list[str])
             layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
             stage_blocks=[entry.split() for entry in p.pipeline_parallel_stage_blocks] or None,
             compiled=config.compile.enable,
-            op_level_ac=_ac(config).granularity is ACGranularity.OP,
+            op_level_ac=ac.granularity is ACGranularity.OP,
         )
     except ValueError as e:
         raise _config_error(e) from None

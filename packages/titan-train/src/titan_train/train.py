@@ -21,7 +21,7 @@ from titan_debug import (
 )
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
-from titan_parallel import DataParallel, build_parallel_model
+from titan_parallel import build_parallel_model
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
@@ -52,10 +52,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec = get_model_spec(config.model.name)
         self.model_args = self._model_args(self.tokenizer.vocab_size)
-        float8 = Float8Converter(config.float8, fsdp=self.layout.data_parallel is DataParallel.FSDP2)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
-            env.device, loss_fn=cross_entropy, seed=t.seed, converter=float8,
+            env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
         )  # fmt: skip
         self.dataloader = build_dataloader(
             dataset=t.dataset,
