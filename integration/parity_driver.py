@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node N parity_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
 
-Saves (rank 0): the per-step losses, the grad norm, and every parameter's full gradient after step 1.
+Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, and every
+rank's applied layout (titan_parallel.describe_applied, read from the live model before step 1).
 `--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
 accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W.
 """
@@ -14,18 +15,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from titan_parallel.applied_layout import clean_fqn
 from titan_train.config import load_config, parse_argv
 from titan_train.data import build_dataloader
 from titan_train.distributed import init_distributed, shutdown_distributed
 from titan_train.train import Trainer
-
-WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def clean_name(name: str) -> str:
-    for part in WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -35,17 +29,21 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def full_grads(parts: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     return merged_over_ranks(
-        {clean_name(name): full(param.grad) for part in parts for name, param in part.named_parameters()}
+        {clean_fqn(name): full(param.grad) for part in parts for name, param in part.named_parameters()}
     )
 
 
 def merged_over_ranks(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every rank's entries in one dict (on every rank): pipeline stages hold different parameters."""
+    return {name: tensor for entries in every_rank(tensors) for name, tensor in entries.items()}
+
+
+def every_rank(value) -> list:
     if not dist.is_initialized():
-        return tensors
+        return [value]
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, tensors)
-    return {name: tensor for entries in everyone for name, tensor in entries.items()}
+    dist.all_gather_object(everyone, value)
+    return everyone
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):
@@ -82,6 +80,7 @@ def main(argv: list[str]) -> None:
         trainer = Trainer(config, env)
         if emulate > 1:
             trainer.data_iter = emulated_dp_batches(trainer, emulate)
+        applied = every_rank(trainer.parallel_model.applied_layout())
         losses, norms, grads = [], [], None
         for step in range(config.training.steps):
             loss, grad_norm, _ = trainer.step()
@@ -90,7 +89,7 @@ def main(argv: list[str]) -> None:
             if step == 0:
                 grads = full_grads(trainer.model_parts)
         if env.rank == 0:
-            torch.save({"losses": losses, "grad_norms": norms, "grads": grads}, out)
+            torch.save({"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied}, out)
     finally:
         shutdown_distributed()
 

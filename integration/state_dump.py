@@ -5,7 +5,8 @@ import sys
 
 import torch
 
-from parity_driver import clean_name, full, merged_over_ranks
+from parity_driver import full, merged_over_ranks
+from titan_parallel.applied_layout import clean_fqn
 from titan_train.config import load_config, parse_argv
 from titan_train.distributed import init_distributed, shutdown_distributed
 from titan_train.train import Trainer
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> None:
         parts = zip(trainer.model_parts, trainer.optimizer.optimizers, strict=True)
         for part, part_optimizer in parts:
             for name, param in part.named_parameters():
-                name = clean_name(name)
+                name = clean_fqn(name)
                 model[name] = full(param)
                 for key, value in part_optimizer.state.get(param, {}).items():
                     if key != "step":

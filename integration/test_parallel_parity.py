@@ -12,6 +12,7 @@ import functools
 import pytest
 import torch
 
+from applied_checks import assert_layout_applied
 from launch_helpers import run_script
 
 MODEL = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "2",
@@ -120,7 +121,9 @@ def test_layout_matches_single_process(case_id, world, dp, options, tmp_root):
     proc = run_script("parity_driver.py", [out, *MODEL, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"],
                       nproc=world)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_parity(torch.load(out), reference(dp, tmp_root, bf16=False), **FP32)
+    result = torch.load(out)
+    assert_layout_applied(result["applied"], world, options)
+    assert_parity(result, reference(dp, tmp_root, bf16=False), **FP32)
 
 
 @pytest.mark.parametrize("case_id, world, dp, shared, options", PP_CASES, ids=[c[0] for c in PP_CASES])
@@ -130,7 +133,9 @@ def test_pipeline_layout_matches_single_process(case_id, world, dp, shared, opti
     proc = run_script("parity_driver.py", [out, *MODEL, *shared, *options, "--job.dump_folder",
                                            f"{tmp_root}/{case_id}"], nproc=world)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_parity(torch.load(out), reference(dp, tmp_root, False, shared), **FP32)
+    result = torch.load(out)
+    assert_layout_applied(result["applied"], world, options)
+    assert_parity(result, reference(dp, tmp_root, False, shared), **FP32)
 
 
 def test_fsdp_bfloat16_params_float32_reduce(tmp_root):

@@ -16,6 +16,7 @@
 """
 
 from titan_parallel.activation_checkpoint import apply_ac
+from titan_parallel.applied_layout import describe_applied, format_applied
 from titan_parallel.channel_parallel import ChannelParallel
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
@@ -76,11 +77,13 @@ __all__ = [
     "build_parallel_model",
     "build_pipeline",
     "check_tp_degree",
+    "describe_applied",
     "clip_grad_norm_",
     "device_module",
     "device_type",
     "distributed_backend",
     "enable_overlap",
+    "format_applied",
     "load_balanced_positions",
     "loss_context",
     "plan_pipeline",

@@ -6,7 +6,9 @@ the activations back: memory for compute. Modes (config `[activation_checkpoint]
 - "none": nothing is wrapped.
 - "full": every block is wrapped.
 - "selective" with `selective_ac_option` N (a positive integer as a string): every N-th block is wrapped,
-  counting from 1 along `block_fqns` ("2" wraps the 2nd, 4th, ...), so "1" is the same as "full".
+  counting from 1 along `block_fqns` ("2" wraps the 2nd, 4th, ...), so "1" is the same as "full". The
+  count runs over the whole model's blocks, also on a pipeline stage that holds only some of them (blocks
+  a stage does not hold are skipped), so a stage of one block is wrapped when that block's turn comes.
 - "selective" with `selective_ac_option` "op": every block is wrapped, but the outputs of the
   compute-intensive ops in `SAC_SAVE_OPS` are saved and only the cheap ops (norms, activations, rotary,
   views, residual adds) are recomputed -- except every second `aten.mm` of a block, which is recomputed too.
@@ -68,7 +70,8 @@ def check_ac_options(mode: str, selective_option: str = "op") -> None:
 
 
 def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_option: str = "op") -> None:
-    """Wrap the blocks named by `block_fqns` (e.g. "layers.0") in place, replacing each on its parent.
+    """Wrap the blocks named by `block_fqns` (e.g. "layers.0": the whole model's blocks in order) in place,
+    replacing each on its parent; blocks `model` does not hold (another pipeline stage's) are skipped.
 
     mode: "none", "selective" or "full"; selective_option: "op" or a positive integer N as a string (used
     only by "selective"). See the module docstring for what each does.
@@ -88,8 +91,11 @@ def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_optio
         if position % every_nth:
             continue
         parent_fqn, _, name = fqn.rpartition(".")
-        parent = model.get_submodule(parent_fqn)
-        block = parent.get_submodule(name)
+        try:
+            parent = model.get_submodule(parent_fqn)
+            block = parent.get_submodule(name)
+        except AttributeError:  # on another pipeline stage
+            continue
         kwargs = {"context_fn": context_fn} if context_fn is not None else {}
         parent.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))
 

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from titan_parallel.activation_checkpoint import apply_ac
+from titan_parallel.applied_layout import describe_applied
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
 from titan_parallel.context_parallel import apply_cp, load_balanced_positions, shard_sequence
@@ -94,7 +95,7 @@ def build_parallel_model(
             )
         ac = layout.activation_checkpoint
         if ac.mode != "none":
-            apply_ac(part, blocks, ac.mode, ac.selective_option)
+            apply_ac(part, plan.block_fqns, ac.mode, ac.selective_option)  # every Nth counts all blocks
         if layout.compile_backend is not None:
             apply_compile(part, blocks, backend=layout.compile_backend)
         _apply_data_parallel(part, blocks, layout)
@@ -102,12 +103,12 @@ def build_parallel_model(
         return part
 
     if layout.pipeline is None:
-        return ParallelModel([parallelize(model)], layout, loss_fn, converter)
+        return ParallelModel([parallelize(model)], layout, loss_fn, converter, block_fqns=plan.block_fqns)
     pipeline = build_pipeline(
         model, layout.pipeline, dims.submesh("pp"), device, loss_fn,
         input_fqns=plan.input_fqns, output_fqns=plan.output_fqns, parallelize_stage=parallelize,
     )  # fmt: skip
-    return ParallelModel(pipeline.model_parts, layout, loss_fn, converter, pipeline)
+    return ParallelModel(pipeline.model_parts, layout, loss_fn, converter, pipeline, block_fqns=plan.block_fqns)
 
 
 def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout) -> None:
@@ -170,8 +171,11 @@ class ParallelModel:
         loss_fn: LossFn,
         converter: ModelConverter,
         pipeline: Pipeline | None = None,
+        *,
+        block_fqns: list[str] = (),
     ):
         self.parts, self.layout, self.loss_fn = parts, layout, loss_fn
+        self._block_fqns = list(block_fqns)
         self._converter, self._pipeline = converter, pipeline
         self._cp_mesh = layout.dims.submesh("cp") if layout.context_parallel is not None else None
         # The loss is reported as the mean over every rank that holds different tokens.
@@ -183,6 +187,11 @@ class ParallelModel:
         if self._pipeline is not None:
             raise AttributeError("with pipeline parallelism each rank holds stages, not the whole model: use parts")
         return self.parts[0]
+
+    def applied_layout(self) -> list[dict]:
+        """What was applied to each part, read back from the live modules (see applied_layout.py)."""
+        stages = [stage.stage_index for stage in self._pipeline.stages] if self._pipeline is not None else None
+        return describe_applied(self.parts, self._block_fqns, stages)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.parts:

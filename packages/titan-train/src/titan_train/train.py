@@ -21,7 +21,7 @@ from titan_debug import (
 )
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
-from titan_parallel import build_parallel_model
+from titan_parallel import build_parallel_model, format_applied
 from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
@@ -56,6 +56,8 @@ class Trainer:
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
         )  # fmt: skip
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
         self.dataloader = build_dataloader(
             dataset=t.dataset,
             dataset_path=t.dataset_path,

@@ -1,0 +1,91 @@
+"""What a parity case must find applied to the live model, worked out from its command-line options alone.
+
+Parity with the single-process run cannot tell that TP, AC, compile or a data-parallel wrapper was silently
+skipped (every rank would compute the replicated result and the losses would still match), so each case
+also checks the model's applied layout (titan_parallel.describe_applied, saved by parity_driver.py for
+every rank). The expectations here are derived from the options as a user reads them, not from
+titan-train's Layout: a check computed by the code under test would agree with its bugs.
+"""
+
+MULTI_STAGE_SCHEDULES = {"Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+COLWISE, ROWWISE = (
+    ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"),
+    (
+        "attention.wo",
+        "feed_forward.w2",
+    ),
+)
+
+
+def options_dict(options: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """{"parallelism.tensor_parallel_degree": "2", ...} from ["--parallelism.tensor_parallel_degree", "2", ...]."""
+    return {options[i][2:]: options[i + 1] for i in range(0, len(options), 2)}
+
+
+def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options: list[str], n_blocks: int = 4):
+    o = options_dict(options)
+    tp, cp, pp, replicate = (
+        int(o.get(f"parallelism.{name}_degree", 1))
+        for name in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_replicate")
+    )
+    shard = int(o.get("parallelism.data_parallel_shard_degree", -1))
+    shard = world // (tp * cp * pp * replicate) if shard == -1 else shard
+    assert len(applied_by_rank) == world
+
+    held = {}  # block -> how many ranks hold it
+    for rank, parts in enumerate(applied_by_rank):
+        stages_per_rank = 2 if o.get("parallelism.pipeline_parallel_schedule") in MULTI_STAGE_SCHEDULES else 1
+        assert len(parts) == (stages_per_rank if pp > 1 else 1), f"rank {rank}: {len(parts)} model parts"
+        for part in parts:
+            assert (part["stage"] is None) == (pp == 1), f"rank {rank}: stage {part['stage']}"
+            for fqn in part["blocks"]:
+                held[fqn] = held.get(fqn, 0) + 1
+            _assert_part(part, rank, o, tp=tp, cp=cp, replicate=replicate, shard=shard)
+    # Every block on exactly one pipeline stage of each model replica (world / pp ranks hold each block).
+    assert held == {f"layers.{i}": world // pp for i in range(n_blocks)}, held
+
+
+def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate: int, shard: int) -> None:
+    where = f"rank {rank} stage {part['stage']}"
+    simple = o.get("parallelism.fsdp_implementation") == "simple_fsdp"
+    fsdp2 = not simple and shard * cp > 1
+    ddp = not simple and not fsdp2 and replicate > 1
+    for fqn, block in part["blocks"].items():
+        assert block["checkpoint"] == _expected_checkpoint(o, fqn), f"{where} {fqn}: checkpoint {block['checkpoint']}"
+        assert block["compiled"] == (o.get("compile.enable") == "true"), f"{where} {fqn}: compiled"
+        assert (block["fsdp"] is not None) == fsdp2, f"{where} {fqn}: fsdp unit {block['fsdp']}"
+    assert (part["fsdp_root"] is not None) == fsdp2, f"{where}: fsdp root {part['fsdp_root']}"
+    assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
+    expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
+    assert part["ring_attention"] == expected_ring, f"{where}: ring attention in {part['ring_attention']}"
+    linear = set(part["linear_classes"])
+    if o.get("float8.enable") == "true":
+        assert any("Float8" in name for name in linear), f"{where}: linear classes {linear}"
+    if simple:
+        assert all(name.startswith("SimpleFSDP") for name in linear), f"{where}: linear classes {linear}"
+
+    data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp"}
+    for name, p in part["params"].items():
+        sharded_on = dict(zip(p["mesh"], p["placements"], strict=True))
+        if fsdp2 or simple:
+            assert data_dims & set(sharded_on), f"{where} {name}: not on a data-parallel mesh: {p}"
+        else:
+            assert not data_dims & set(sharded_on), f"{where} {name}: {p}"
+        if tp > 1 and name.split(".")[0] == "layers":
+            style = next((s for s in (*COLWISE, *ROWWISE) if f".{s}.weight" in name), None)
+            if style is not None:
+                want = "S(0)" if style in COLWISE else "S(1)"
+                assert sharded_on.get("tp") == want, f"{where} {name}: tp placement {p}"
+    if tp == 1:
+        assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
+
+
+def _expected_checkpoint(o: dict, fqn: str) -> str | None:
+    mode, option = o.get("activation_checkpoint.mode", "none"), o.get("activation_checkpoint.selective_ac_option", "op")
+    if mode == "full":
+        return "full"
+    if mode == "selective" and option == "op":
+        return "op"
+    if mode == "selective":  # every Nth block of the whole model, counting from 1
+        return "full" if (int(fqn.split(".")[1]) + 1) % int(option) == 0 else None
+    return None
