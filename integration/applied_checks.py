@@ -22,8 +22,13 @@ def options_dict(options: list[str] | tuple[str, ...]) -> dict[str, str]:
     return {options[i][2:]: options[i + 1] for i in range(0, len(options), 2)}
 
 
-def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options: list[str], n_blocks: int = 4):
+BLOCKS_PER_FLAVOR = {"tiny": 4, "tiny8": 8}
+
+
+def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options: list[str]):
+    """`options`: every option the case passed beyond the tiny model's (later ones win, as on the CLI)."""
     o = options_dict(options)
+    n_blocks = BLOCKS_PER_FLAVOR[o.get("model.flavor", "tiny")]
     tp, cp, pp, replicate = (
         int(o.get(f"parallelism.{name}_degree", 1))
         for name in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_replicate")
@@ -54,6 +59,8 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
         assert block["checkpoint"] == _expected_checkpoint(o, fqn), f"{where} {fqn}: checkpoint {block['checkpoint']}"
         assert block["compiled"] == (o.get("compile.enable") == "true"), f"{where} {fqn}: compiled"
         assert (block["fsdp"] is not None) == fsdp2, f"{where} {fqn}: fsdp unit {block['fsdp']}"
+        if fsdp2:
+            _assert_fsdp_unit(block["fsdp"], o, f"{where} {fqn}", last_block=fqn == list(part["blocks"])[-1])
     assert (part["fsdp_root"] is not None) == fsdp2, f"{where}: fsdp root {part['fsdp_root']}"
     assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
     expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
@@ -78,6 +85,18 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
                 assert sharded_on.get("tp") == want, f"{where} {name}: tp placement {p}"
     if tp == 1:
         assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
+
+
+def _assert_fsdp_unit(unit: dict, o: dict, where: str, last_block: bool) -> None:
+    param = o.get("training.mixed_precision_param", "float32")
+    assert unit["param_dtype"] == param, f"{where}: param dtype {unit}"
+    assert unit["reduce_dtype"] == o.get("training.mixed_precision_reduce", "float32"), f"{where}: {unit}"
+    policy = o.get("parallelism.fsdp_reshard_after_forward", "default")
+    # default: reshard, except under pipelining (micro-batches' forwards run before their backwards); the
+    # last block never (backward needs it at once).
+    pipelined = int(o.get("parallelism.pipeline_parallel_degree", 1)) > 1
+    reshard = policy == "always" or (policy == "default" and not pipelined)
+    assert unit["reshard_after_forward"] == (reshard and not last_block), f"{where}: {unit}"
 
 
 def _expected_checkpoint(o: dict, fqn: str) -> str | None:

@@ -64,6 +64,19 @@ def test_selective_n_wraps_every_nth_block(option, n_layers, expected, build_toy
     assert wrapped(model) == expected
 
 
+def test_selective_n_counts_the_whole_models_blocks_on_a_pipeline_stage(build_toy_model):
+    """A stage holding blocks 1 and 3 of 0..3 (the others deleted, as the pipeline split does) wraps block 3
+    for "every 2nd": the count runs over the model's block list, not over the blocks this stage holds."""
+    model = build_toy_model(n_layers=4)
+    del model.layers["0"], model.layers["2"]
+    apply_ac(model, [f"layers.{i}" for i in range(4)], "selective", "2")
+    assert wrapped(model) == ["1", "3"]
+    stage = build_toy_model(n_layers=4)
+    del stage.layers["1"], stage.layers["3"]
+    apply_ac(stage, [f"layers.{i}" for i in range(4)], "selective", "2")
+    assert wrapped(stage) == []
+
+
 def test_none_wraps_nothing_and_full_wraps_all(build_toy_model, block_fqns):
     model = build_toy_model()
     apply_ac(model, block_fqns(model), "none")
