@@ -94,6 +94,7 @@ PP_CASES = [
 # Degrees above 2, on tiny8 (8 blocks, 4 kv heads): TP 4, FSDP 2 x TP 4, PP 4 with 2 stages per rank and
 # micro-batches of 2, CP 4 x TP 2; and the one 4D layout (16 ranks: slow session).
 TINY8 = ("--model.flavor", "tiny8")
+FLOAT8 = ("--float8.enable", "true", "--float8.emulate", "true")
 WIDE_CASES = [
     ("tp4", 4, 1, TINY8, ["--parallelism.tensor_parallel_degree", "4"]),
     ("fsdp2_tp4_ac_op", 8, 2, TINY8, ["--parallelism.tensor_parallel_degree", "4",
@@ -102,6 +103,9 @@ WIDE_CASES = [
      ["--parallelism.pipeline_parallel_degree", "4", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
       "--parallelism.pipeline_parallel_microbatch_size", "2"]),
     ("cp4_tp2", 8, 1, (), ["--parallelism.context_parallel_degree", "4", "--parallelism.tensor_parallel_degree", "2"]),
+    # Float8 (emulated on CPU: the same float8 rounding, matmuls in fp32) against single-process float8.
+    ("fsdp2_float8_all_gather", 2, 2, FLOAT8, ["--float8.enable_fsdp_float8_all_gather", "true"]),
+    ("tp2_float8", 2, 1, FLOAT8, ["--parallelism.tensor_parallel_degree", "2"]),
     pytest.param("fsdp2_tp2_pp2_cp2", 16, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
                                                   "--parallelism.context_parallel_degree", "2"],
                  marks=pytest.mark.slow, id="fsdp2_tp2_pp2_cp2"),
