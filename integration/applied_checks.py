@@ -7,6 +7,8 @@ every rank). The expectations here are derived from the options as a user reads 
 titan-train's Layout: a check computed by the code under test would agree with its bugs.
 """
 
+import os
+
 MULTI_STAGE_SCHEDULES = {"Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 COLWISE, ROWWISE = (
     ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"),
@@ -79,10 +81,14 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
         else:
             assert not data_dims & set(sharded_on), f"{where} {name}: {p}"
         if tp > 1 and name.split(".")[0] == "layers":
-            style = next((s for s in (*COLWISE, *ROWWISE) if f".{s}.weight" in name), None)
-            if style is not None:
-                want = "S(0)" if style in COLWISE else "S(1)"
+            layer = next((s for s in (*COLWISE, *ROWWISE) if f".{s}.weight" in name), None)
+            if layer is not None:
+                want = "S(0)" if layer in COLWISE else "S(1)"
                 assert sharded_on.get("tp") == want, f"{where} {name}: tp placement {p}"
+                style = part["tp_styles"].get(name.removesuffix(".weight"))
+                kind = "Colwise" if layer in COLWISE else "Rowwise"
+                want = f"{'Float8' if float8_collectives(o) else ''}{kind}Parallel"
+                assert style == want, f"{where} {name}: tp style {style}, expected {want}"
     if tp == 1:
         assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
 
@@ -97,6 +103,12 @@ def _assert_fsdp_unit(unit: dict, o: dict, where: str, last_block: bool) -> None
     pipelined = int(o.get("parallelism.pipeline_parallel_degree", 1)) > 1
     reshard = policy == "always" or (policy == "default" and not pipelined)
     assert unit["reshard_after_forward"] == (reshard and not last_block), f"{where}: {unit}"
+
+
+def float8_collectives(o: dict) -> bool:
+    """Float8 TP styles (float8 all-gathers) where the backend has a float8 dtype: NCCL. gloo refuses float8
+    tensors ("Invalid scalar type"), so on CPU titan-float8 keeps the plain styles on purpose."""
+    return o.get("float8.enable") == "true" and os.environ.get("TITAN_TEST_BACKEND", "gloo") == "nccl"
 
 
 def _expected_checkpoint(o: dict, fqn: str) -> str | None:

@@ -9,7 +9,8 @@ Per part: the blocks it holds (pipeline stages) and, per block, the activation-c
 ("full" or "op"), whether it is compiled and whether it is an FSDP2 unit; for the whole part, whether it is
 an FSDP2 root or DDP-replicated (FSDP2 units come with their mixed-precision dtypes and reshard policy);
 the modules doing ring attention; the classes of the linear layers (e.g. Float8Linear after a float8
-conversion); and per parameter, the mesh dimensions and placements it is stored with (FSDP, SimpleFSDP, TP).
+conversion); the tensor-parallel style of each module TP hooked (e.g. Float8ColwiseParallel); and per
+parameter, the mesh dimensions and placements it is stored with (FSDP, SimpleFSDP, TP).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def _describe_part(part: nn.Module, block_fqns: list[str], stage_index: int | No
         "ddp": _is_replicated(part),
         "ring_attention": [clean_fqn(n) for n, m in part.named_modules() if isinstance(m, RingAttention)],
         "linear_classes": dict(Counter(type(m).__name__ for m in part.modules() if _is_linear(m))),
+        "tp_styles": {clean_fqn(n): style for n, m in part.named_modules() if (style := _tp_style(m)) is not None},
         "params": {clean_fqn(name): _placement(param) for name, param in part.named_parameters()},
     }
 
@@ -93,6 +95,19 @@ def _is_replicated(part: nn.Module) -> bool:
     return replicate.state(part) is not None
 
 
+def _tp_style(module: nn.Module) -> str | None:
+    """The tensor-parallel style class that parallelize_module applied to `module`, if any: torch's styles
+    install hooks that call the style's `_prepare_input_fn` / `_prepare_output_fn` (bound into a partial
+    held by the hook's closure), whose qualified name starts with the style's class."""
+    for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+        for cell in getattr(hook, "__closure__", None) or ():
+            func = getattr(cell.cell_contents, "func", cell.cell_contents)  # a partial, or the function
+            owner, _, name = getattr(func, "__qualname__", "").rpartition(".")
+            if name in ("_prepare_input_fn", "_prepare_output_fn") and owner:
+                return owner
+    return None
+
+
 def _is_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear)
 
@@ -122,6 +137,8 @@ def format_applied(description: list) -> str:
         if part["ring_attention"]:
             lines.append(f"  ring attention in {len(part['ring_attention'])} modules")
         lines.append(f"  linear classes {part['linear_classes']}")
+        if part["tp_styles"]:
+            lines.append(f"  tp styles {dict(Counter(part['tp_styles'].values()))}")
         placements = Counter(
             f"{'x'.join(p['mesh']) or 'local'}:{','.join(p['placements']) or '-'}" for p in part["params"].values()
         )
