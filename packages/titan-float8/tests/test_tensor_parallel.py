@@ -97,3 +97,19 @@ def test_float8_styles_train_like_one_process(one_rank_mesh):
     model = converted(emulate=True)
     parallelize_module(model, one_rank_mesh, float8_tp_plan(toy.tp_plan(), model))
     torch.testing.assert_close(toy.train(model, data), expected, rtol=1e-6, atol=0)
+
+
+def test_the_converter_gives_float8_styles_where_collectives_carry_float8():
+    """What the trainer calls: float8 styles on a GPU mesh (NCCL has float8), the plain plan on a CPU one
+    (gloo refuses float8 tensors). Only the mesh's device type is read, so stand-ins do."""
+    from types import SimpleNamespace
+
+    from titan_float8 import Float8Converter
+
+    converter = Float8Converter(Float8Options(enable=True))
+    model = toy.build(0)
+    converter.convert(model)
+    on_gpu = style_types(converter.tp_plan(toy.tp_plan(), model, SimpleNamespace(device_type="cuda")))
+    on_cpu = style_types(converter.tp_plan(toy.tp_plan(), model, SimpleNamespace(device_type="cpu")))
+    assert on_gpu["layers.*.feed_forward.w1"] is Float8ColwiseParallel
+    assert on_cpu["layers.*.feed_forward.w1"] is ColwiseParallel
