@@ -1,17 +1,23 @@
 """Test sessions. Each package is tested in a venv holding only it and its declared dependencies.
 
-nox                      every default session: lint, each package's tests, integration
+nox                      every default session: lint, each package's tests, integration, packaging, lower_bound
+nox -s packaging         build every wheel and sdist, check them, install each wheel alone in a fresh venv
+nox -s lower_bound       titan-train's tests against the lowest sibling versions its ranges allow
 nox -s train             train the debug model on the embedded data
 nox -s integration_gpu   the integration cases on NCCL (skips, saying so, without GPUs)
 nox -s slow              tests marked slow
 """
 
+import os
+import shutil
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).parent
 CONSTRAINTS = str(ROOT / "constraints.txt")
+# Where torch alone comes from when set (CI: the CPU wheel index, so no CUDA build is downloaded).
+TORCH_INDEX = os.environ.get("TITAN_TORCH_INDEX_URL")
 PACKAGES = ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint", "titan-debug", "titan-train"]
 # Sibling packages each package declares (its pyproject is the truth; this only says where they live).
 SIBLINGS = {
@@ -20,12 +26,19 @@ SIBLINGS = {
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "tests", "integration"]
+nox.options.sessions = ["lint", "tests", "integration", "packaging", "lower_bound"]
+
+
+def _torch_installs() -> list[list[str]]:
+    """pip arguments installing the pinned torch first and alone, so no dependency can pull another (CUDA)
+    build; with TORCH_INDEX, torch itself comes from there and its own dependencies from the usual index."""
+    pinned = ["-c", CONSTRAINTS, "torch"]
+    return [["--no-deps", "--index-url", TORCH_INDEX, *pinned], pinned] if TORCH_INDEX else [pinned]
 
 
 def _install(session: nox.Session, *packages: str, extras: str = "test") -> None:
-    # torch first and alone, pinned, so no dependency can pull a different (CUDA) build.
-    session.install("-c", CONSTRAINTS, "torch")
+    for args in _torch_installs():
+        session.install(*args)
     paths = [f"{ROOT / 'packages' / p}[{extras}]" if extras else str(ROOT / "packages" / p) for p in packages]
     session.install("-c", CONSTRAINTS, *paths)
 
@@ -90,3 +103,136 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(ROOT))
     session.run("ruff", "format", "--check", str(ROOT))
+
+
+DIST = ROOT / "dist"
+HISTORY = str(ROOT / "tools" / "package_history.py")
+RELEASE_TOOLS = ["build", "twine", "hatchling", "packaging"]
+# Imports the package from the venv it was installed in and checks it is the version pip installed.
+IMPORT_CHECK = """
+import importlib, importlib.metadata, sys
+name, venv = sys.argv[1], sys.argv[2]
+module = importlib.import_module(name.replace("-", "_"))
+installed = importlib.metadata.version(name)
+assert module.__version__ == installed, (module.__version__, installed)
+assert module.__file__.startswith(venv), module.__file__
+print(f"{name} {installed} imports from {module.__file__}")
+"""
+
+
+# Fails unless each installed distribution satisfies its pin (argv: "name==version" ...).
+PINS_CHECK = """
+import importlib.metadata, sys
+from packaging.requirements import Requirement
+wrong = [f"{r.name} {importlib.metadata.version(r.name)}, not {r.specifier}" for r in map(Requirement, sys.argv[1:])
+         if importlib.metadata.version(r.name) not in r.specifier]
+sys.exit(f"installed, but not the lowest allowed: {wrong}" if wrong else 0)
+"""
+
+
+def _wheel(package: str) -> str:
+    (wheel,) = (DIST / package).glob("*.whl")
+    return str(wheel)
+
+
+def _torch_venv(session: nox.Session, path: Path) -> None:
+    """A new venv at `path` holding only pip and the pinned torch."""
+    shutil.rmtree(path, ignore_errors=True)
+    session.run("python", "-m", "venv", str(path))
+    for args in _torch_installs():
+        session.run(str(path / "bin" / "python"), "-m", "pip", "install", "-q", *args, external=True)
+
+
+def _fresh_venv(template: Path, path: Path) -> str:
+    """A copy of the torch-only venv `template` at `path`, its files hard-linked (unpacking torch once, not once
+    per package; pip adds and removes files, never rewrites one in place); returns its python."""
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(template, path, symlinks=True, copy_function=os.link)
+    return str(path / "bin" / "python")
+
+
+def _history_rows(session: nox.Session, *args: str) -> list[list[str]]:
+    """package, version, origin (commit or working tree), folder: one row per package tools/package_history.py
+    exported."""
+    out = session.run("python", HISTORY, *args, silent=True)
+    return [line.split("\t") for line in out.splitlines() if line.count("\t") == 3]
+
+
+@nox.session
+def packaging(session: nox.Session) -> None:
+    """Every package's wheel and sdist built (the wheel from the sdist) and checked (twine check --strict,
+    tools/check_dists.py); each wheel installed alone, with only its declared dependencies, in a fresh venv
+    and imported; and pip refusing to install titan-train beside a sibling older than its range allows."""
+    session.install("-c", CONSTRAINTS, *RELEASE_TOOLS)
+    shutil.rmtree(DIST, ignore_errors=True)
+    for package in PACKAGES:
+        # --no-isolation: the pinned hatchling of this venv, not whatever an isolated build would fetch.
+        session.run(
+            "python", "-m", "build", "--no-isolation", "--outdir", str(DIST / package), str(ROOT / "packages" / package)
+        )
+    session.run("twine", "check", "--strict", *[str(p) for p in sorted(DIST.glob("*/*"))])
+    session.run("python", str(ROOT / "tools" / "check_dists.py"), str(DIST))
+
+    tmp = Path(session.create_tmp()).resolve()
+    _torch_venv(session, tmp / "venv-torch")
+    for package in PACKAGES:
+        venv = tmp / f"venv-{package}"
+        python = _fresh_venv(tmp / "venv-torch", venv)
+        wheels = [_wheel(package), *(_wheel(sibling) for sibling in SIBLINGS.get(package, []))]
+        session.run(python, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, *wheels, external=True)
+        session.run(python, "-m", "pip", "check", external=True)
+        session.run(python, "-c", IMPORT_CHECK, package, str(venv), external=True)
+
+    # The trainer's venv has every sibling; offer pip each sibling's newest release below titan-train's range,
+    # built from the commit that set it: the resolver must refuse it.
+    python = str(tmp / "venv-titan-train" / "bin" / "python")
+    for sibling in SIBLINGS["titan-train"]:
+        ((_, version, origin, folder),) = _history_rows(session, "stale", sibling, str(tmp / "stale"))
+        stale_dist = tmp / "stale-dist" / sibling
+        shutil.rmtree(stale_dist, ignore_errors=True)
+        session.run(
+            "python", "-m", "build", "--no-isolation", "--wheel", "--outdir", str(stale_dist), folder, silent=True
+        )
+        (stale_wheel,) = stale_dist.glob("*.whl")
+        others = [_wheel(s) for s in SIBLINGS["titan-train"] if s != sibling]
+        # --no-index: the candidates are these wheels and what the venv holds, not other releases on an index.
+        args = ["install", "--dry-run", "--no-index", _wheel("titan-train"), str(stale_wheel), *others]
+        out = session.run(python, "-m", "pip", *args, external=True, silent=True, success_codes=[1])
+        if "ResolutionImpossible" not in out or f"The user requested {sibling} {version}" not in out:
+            session.error(f"pip did not refuse {sibling} {version} beside titan-train for its range:\n{out}")
+        session.log(f"pip refuses {sibling} {version} ({origin[:7]}) beside titan-train: below its range")
+
+
+# titan-train's tests that touch no sibling package (its data pipeline, tokenizer, optimizer): an older
+# sibling cannot change them, so lower_bound leaves them to tests(package='titan-train').
+SIBLING_FREE_TESTS = [
+    "test_data_loader.py",
+    "test_data_packing.py",
+    "test_data_sources.py",
+    "test_optim.py",
+    "test_tokenizer.py",
+]
+
+
+@nox.session(reuse_venv=False)
+def lower_bound(session: nox.Session) -> None:
+    """titan-train from the tree with each sibling at the lowest version titan-train's ranges allow, built
+    from the commit that set that version (a version only the tree sets stands for itself): the ranges
+    are checked against the versioning policy, pip must accept the set, and titan-train's tests must pass."""
+    session.install("-c", CONSTRAINTS, "packaging")
+    lowest = Path(session.create_tmp()).resolve() / "lowest"
+    shutil.rmtree(lowest, ignore_errors=True)
+    rows = _history_rows(session, "lower-bounds", "--export", str(lowest))
+    if sorted(row[0] for row in rows) != sorted(SIBLINGS["titan-train"]):
+        session.error(
+            f"titan-train's sibling ranges name {[row[0] for row in rows]}, expected {SIBLINGS['titan-train']}"
+        )
+    for package, version, origin, _ in rows:
+        session.log(f"lowest allowed {package} {version}: from {origin}")
+    for args in _torch_installs():
+        session.install(*args)
+    session.install("-c", CONSTRAINTS, *[row[3] for row in rows], f"{ROOT / 'packages' / 'titan-train'}[test]")
+    pins = [f"{package}=={version}" for package, version, _, _ in rows]
+    session.run("python", "-c", PINS_CHECK, *pins)
+    tests = ROOT / "packages" / "titan-train" / "tests"
+    _pytest(session, str(tests), "-m", "not slow", *[f"--ignore={tests / name}" for name in SIBLING_FREE_TESTS])

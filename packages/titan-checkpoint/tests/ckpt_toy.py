@@ -155,14 +155,20 @@ class ToyAdapter:
     def from_hf_config(cls, config: dict) -> ToyAdapter:
         return cls(ToyArgs(config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]))
 
-    def hf_config(self, dtype=torch.bfloat16) -> dict:
+    architectures = ("ToyForCausalLM",)
+
+    def args_dict(self) -> dict:
+        return asdict(self.args)
+
+    def hf_config(self, dtype=torch.bfloat16, **token_ids) -> dict:
         a = self.args
         return {
             "architectures": ["ToyForCausalLM"],
             "vocab_size": a.vocab_size,
             "hidden_size": a.dim,
             "num_hidden_layers": a.n_layers,
-            "torch_dtype": str(dtype).removeprefix("torch."),
+            "dtype": str(dtype).removeprefix("torch."),
+            **token_ids,
         }
 
     def to_hf_key(self, fqn: str) -> str:

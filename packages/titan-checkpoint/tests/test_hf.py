@@ -1,4 +1,5 @@
-"""Export to Hugging Face layout and import back, with the toy adapter standing in for titan-models'."""
+"""Export to Hugging Face layout and import back, with the toy adapter standing in for titan-models'.
+What transformers makes of these files is checked in integration/test_checkpoint_hf.py."""
 
 import json
 import os
@@ -50,7 +51,7 @@ def test_export_then_import_gives_identical_tensors(trained, tmp_path, toy_adapt
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs()).hf_keys())
     assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in read_folder(out).values())
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
 
     adapter = ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs())
     imported = dict(load_hf_safetensors(out, adapter))
@@ -90,6 +91,10 @@ def test_import_as_initial_weights_of_a_new_run(trained, tmp_path, toy_adapter_r
 def test_import_refuses_another_model_shape(trained, tmp_path):
     export_safetensors(tmp_path / "ckpt", tmp_path / "hf", adapter=ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs()))
     deeper = ckpt_toy.ToyArgs(n_layers=3)
+    # config.json says which model the folder holds: refused before any tensor is read, naming the key.
+    with pytest.raises(CheckpointMismatchError, match=r"holds another model .*num_hidden_layers: ours 3, theirs 2"):
+        load_hf_into_model(ckpt_toy.ToyLM(deeper), tmp_path / "hf", ckpt_toy.ToyAdapter(deeper))
+    (tmp_path / "hf" / "config.json").unlink()  # without it, the tensors themselves are checked
     with pytest.raises(CheckpointMismatchError, match=r"lacks 3 tensor\(s\) the model needs, e.g. model.h.2.ln.weight"):
         load_hf_into_model(ckpt_toy.ToyLM(deeper), tmp_path / "hf", ckpt_toy.ToyAdapter(deeper))
     wider = ckpt_toy.ToyArgs(vocab_size=64)
@@ -109,13 +114,12 @@ def test_truncated_safetensors_file_is_named(trained, tmp_path):
 
 
 def test_cli_export_list_verify(trained, tmp_path, toy_adapter_registered, capsys):
-    tokenizer = tmp_path / "tok.json"
-    tokenizer.write_text('{"version": "1.0"}')
+    tokenizer = write_tokenizer(tmp_path / "tok", post_processor={"type": "TemplateProcessing"})
     out = tmp_path / "hf"
     args = ["export", str(tmp_path / "ckpt"), str(out), "--dtype", "float32", "--tokenizer", str(tokenizer)]
     assert main(args) == 0
-    assert (out / "tokenizer.json").read_text() == '{"version": "1.0"}'
-    assert json.loads((out / "tokenizer_config.json").read_text()) == {"tokenizer_class": "PreTrainedTokenizerFast"}
+    assert (out / "tokenizer.json").read_bytes() == tokenizer.read_bytes()  # it has a post-processor: as is
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [1, 2, 3]
     assert main([*args]) == 1  # the destination is not empty
     assert "exists and is not empty" in capsys.readouterr().err
 
@@ -124,7 +128,136 @@ def test_cli_export_list_verify(trained, tmp_path, toy_adapter_registered, capsy
     assert main(["verify", str(tmp_path / "ckpt")]) == 0
     assert "ok (sizes and CRC-32s)" in capsys.readouterr().out
 
-    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "x"), "--model", "gpt9"]) == 1
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "x"), "--model", "gpt9"]) == 2  # a usage mistake
     assert "no Hugging Face adapter named 'gpt9' in entry-point group 'titan.hf_adapters'; available: toy" in (
         capsys.readouterr().err
     )
+
+
+LLAMA_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
+
+
+def write_tokenizer(folder, post_processor=None, specials=LLAMA_SPECIALS, config_text=None):
+    """A tokenizer.json as `tokenizers` writes one (the fields export reads), and optionally a
+    tokenizer_config.json with exactly `config_text`; returns the tokenizer.json path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    added = [
+        {"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for i, name in enumerate(specials)
+    ]  # fmt: skip
+    vocab = {name: i for i, name in enumerate(specials)} | {"a": len(specials), "b": len(specials) + 1}
+    tokenizer = {"version": "1.0", "added_tokens": added, "post_processor": post_processor,
+                 "model": {"type": "BPE", "vocab": vocab, "merges": []}}  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, indent=1))
+    if config_text is not None:
+        (folder / "tokenizer_config.json").write_text(config_text)
+    return folder / "tokenizer.json"
+
+
+def test_one_model_safetensors_file_by_default(trained, tmp_path, toy_adapter_registered):
+    out = export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no index for one file
+    imported = dict(load_hf_safetensors(out, ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs())))
+    assert all(torch.equal(v, ckpt_toy.params(trained.model)[k]) for k, v in imported.items())
+
+
+def test_export_logs_progress_while_it_writes(trained, tmp_path, toy_adapter_registered, monkeypatch, caplog):
+    monkeypatch.setattr(hf_export_module, "PROGRESS_SECONDS", 0.0)
+    with caplog.at_level("INFO", logger="titan.checkpoint"):
+        export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    progress = [r.message for r in caplog.records if "exporting to" in r.message]
+    assert len(progress) == len(ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs()).hf_keys()) and "(100%" in progress[-1]
+
+
+def test_users_tokenizer_config_is_kept_byte_for_byte(trained, tmp_path, toy_adapter_registered):
+    """The trainer passes the tokenizer.json file; its folder's tokenizer_config.json comes with it, as
+    written (odd spacing included), and its bos/eos names pick the ids in config.json."""
+    config_text = '{"bos_token": "<|end_of_text|>",   "eos_token": {"content": "<|begin_of_text|>"},\n "x": 1}'
+    tokenizer = write_tokenizer(tmp_path / "tok", config_text=config_text)
+    out = export_safetensors(tmp_path / "ckpt", tmp_path / "hf", tokenizer=tokenizer)
+    assert (out / "tokenizer_config.json").read_text() == config_text
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, [0, 2, 3])  # end of message / turn stop too
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation == {"bos_token_id": 1, "eos_token_id": [0, 2, 3], "do_sample": True, "temperature": 0.6,
+                          "top_p": 0.9}  # fmt: skip
+
+
+def test_tokenizer_without_post_processor_gets_bos_in_the_exported_copy_only(trained, tmp_path, toy_adapter_registered):
+    tokenizer = write_tokenizer(tmp_path / "tok", specials=("<|begin_of_text|>", "<|end_of_text|>"))
+    original = tokenizer.read_bytes()
+    out = export_safetensors(tmp_path / "ckpt", tmp_path / "hf", tokenizer=tokenizer)
+    assert tokenizer.read_bytes() == original  # training's file is untouched
+    exported = json.loads((out / "tokenizer.json").read_text())
+    bos = {"id": "<|begin_of_text|>", "ids": [0], "tokens": ["<|begin_of_text|>"]}
+    assert exported["post_processor"] == {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos["id"], "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos["id"], "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": bos["id"], "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos["id"]: bos},
+    }  # fmt: skip
+    assert {k: v for k, v in exported.items() if k != "post_processor"} == {
+        k: v for k, v in json.loads(original).items() if k != "post_processor"
+    }
+    config = json.loads((out / "tokenizer_config.json").read_text())  # none given: a complete one
+    assert {k: config[k] for k in ("bos_token", "eos_token", "tokenizer_class", "clean_up_tokenization_spaces")} == {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+    }
+    assert config["added_tokens_decoder"]["1"]["content"] == "<|end_of_text|>"
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 1
+
+
+def test_cli_import_writes_a_dcp_checkpoint_that_needs_nothing_else(trained, tmp_path, toy_adapter_registered):
+    from titan_checkpoint import load_checkpoint, read_meta
+
+    write_tokenizer(tmp_path / "hf_src")
+    export_safetensors(tmp_path / "ckpt", tmp_path / "hf", tokenizer=tmp_path / "hf_src", dtype="float32")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    step0 = tmp_path / "imported" / "step-0"
+    meta = read_meta(step0)
+    assert meta["model"]["name"] == "toy" and meta["model"]["args"] == {"vocab_size": 32, "dim": 16, "n_layers": 2}
+    assert (
+        meta["model"]["tokenizer"] == "tokenizer" and (tmp_path / "imported" / "tokenizer" / "tokenizer.json").is_file()
+    )
+    fresh = ckpt_toy.ToyLM(ckpt_toy.ToyArgs())
+    assert load_checkpoint(tmp_path / "imported", {"model": ckpt_toy.ModelState(fresh)}) == 0
+    for name, value in ckpt_toy.params(fresh).items():
+        assert torch.equal(value, ckpt_toy.params(trained.model)[name]), name
+    # Exported again from its own metadata alone (no fingerprint, no adapter, no tokenizer named).
+    again = export_safetensors(tmp_path / "imported", tmp_path / "hf2", dtype="float32")
+    assert read_folder(again).keys() == read_folder(tmp_path / "hf").keys()
+    assert (again / "tokenizer.json").is_file() and json.loads((again / "config.json").read_text())["bos_token_id"] == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 1  # holds a checkpoint already
+
+
+def test_initial_load_path_takes_an_hf_folder_whatever_the_format_says(trained, tmp_path, toy_adapter_registered):
+    export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    config = CheckpointConfig(initial_load_path=str(tmp_path / "hf"))  # initial_load_format stays "dcp"
+    new_run = ckpt_toy.toy_run(tmp_path / "new", seed=9, config=config)
+    assert new_run.manager.load() == 0
+    for name, value in ckpt_toy.params(new_run.model).items():
+        assert torch.equal(value, ckpt_toy.params(trained.model)[name]), name
+
+
+def test_a_run_refuses_an_imported_checkpoint_of_another_model(trained, tmp_path, toy_adapter_registered):
+    export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    wider = ckpt_toy.ToyArgs(dim=32)
+    config = CheckpointConfig(initial_load_path=str(tmp_path / "imported"))
+    run = ckpt_toy.toy_run(tmp_path / "new", config=config, model_fingerprint=ckpt_toy.fingerprint(wider))
+    with pytest.raises(
+        CheckpointMismatchError, match="holds another model than this run's: hidden_size: ours 32, theirs 16"
+    ):
+        run.manager.load()
+    # The same when a run resumes in the folder the import wrote.
+    resumed = ckpt_toy.toy_run(tmp_path / "imported", model_fingerprint=ckpt_toy.fingerprint(wider))
+    with pytest.raises(CheckpointMismatchError, match="hidden_size: ours 32, theirs 16"):
+        resumed.manager.load()
+    same = ckpt_toy.toy_run(tmp_path / "imported", seed=9)  # the imported model itself: its weights load
+    assert same.manager.load() == 0
+    assert all(torch.equal(v, ckpt_toy.params(trained.model)[k]) for k, v in ckpt_toy.params(same.model).items())

@@ -98,3 +98,45 @@ def test_close_is_idempotent(tmp_path):
     metrics = MetricsLogger(tmp_path, rank=0)
     metrics.close()
     metrics.close()
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_console_line_shows_the_time_left_from_the_rate_since_the_first_logged_step(titan_logs):
+    clock = FakeClock()
+    metrics = MetricsLogger(None, rank=0, total_steps=100, clock=clock)
+    metrics.log(1, {"loss": 2.0})  # step 1 holds compilation: the rate is measured from here on
+    clock.now += 30.0
+    metrics.log(11, {"loss": 1.5})  # 10 steps in 30 s: 89 steps left take 267 s
+    clock.now += 9.0
+    metrics.log(21, {"loss": 1.0})  # 20 steps in 39 s: 79 steps left take 154 s
+    lines = [r.getMessage() for r in titan_logs.records]
+    assert "eta" not in lines[0]
+    assert lines[1].endswith("loss 1.5000  eta 4:27") and lines[2].endswith("eta 2:34")
+
+
+def test_rows_carry_the_run_fields_and_writers_get_every_record(tmp_path):
+    class Writer:
+        def __init__(self):
+            self.records, self.closed = [], False
+
+        def write(self, step, record):
+            self.records.append((step, dict(record)))
+
+        def close(self):
+            self.closed = True
+
+    writer = Writer()
+    run = {"run_id": "20260101-120000-abcdef", "restart": 2}
+    with MetricsLogger(tmp_path, rank=0, run_fields=run, writers=[writer]) as metrics:
+        metrics.log(5, {"loss": torch.tensor(1.5)})
+    row = read_jsonl(tmp_path / "metrics.jsonl")[0]
+    assert list(row)[:4] == ["step", "time", "run_id", "restart"]
+    assert row["run_id"] == "20260101-120000-abcdef" and row["restart"] == 2 and row["loss"] == 1.5
+    assert writer.records == [(5, {"loss": 1.5})] and writer.closed

@@ -11,14 +11,18 @@ import torch
 import titan_float8
 from titan_float8 import requirements
 
-HINT = 'pip install "torchao>=0.18.0"'
+HINT = 'pip install "torchao>=0.18.0,<0.19"'
 
 
-def test_minimum_is_the_version_the_package_declares():
+def test_install_hint_names_the_range_the_package_declares():
     from importlib.metadata import requires
 
-    assert "torchao>=0.18" in requires("titan-float8")
-    assert titan_float8.MIN_TORCHAO == "0.18.0"
+    from packaging.requirements import Requirement
+
+    declared = [Requirement(r).specifier for r in requires("titan-float8") if r.startswith("torchao")]
+    hinted = Requirement(requirements.INSTALL_HINT.split('"')[1]).specifier
+    assert declared == [hinted]
+    assert titan_float8.MIN_TORCHAO == "0.18.0" and requirements.TORCHAO_BELOW == "0.19"
 
 
 def test_missing_torchao_names_the_install_command(monkeypatch):

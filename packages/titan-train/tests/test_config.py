@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from titan_train.cli import main
@@ -150,20 +152,32 @@ def test_global_batch_must_be_a_multiple():
 @pytest.mark.parametrize(
     "options, world, message",
     [
-        (["--parallelism.tensor_parallel_degree", "3"], 4,
-         "world size 4 is not divisible by dp_replicate=1 x cp=1 x tp=3 x pp=1 = 3"),
+        (["--parallelism.tensor_parallel_degree", "2"], 3,
+         "^world size 3 is not divisible by parallelism.data_parallel_replicate_degree=1 x parallelism."
+         "context_parallel_degree=1 x parallelism.tensor_parallel_degree=2 x parallelism.pipeline_parallel_degree=1 "
+         r"= 2, so parallelism.data_parallel_shard_degree=-1 has no whole value; .*\(its divisors: 1, 3\)$"),
         (["--parallelism.data_parallel_shard_degree", "3"], 4,
-         "dp_replicate=1 x dp_shard=3 x cp=1 x tp=1 x pp=1 = 3, but the world size is 4"),
+         "^parallelism.data_parallel_replicate_degree=1 x parallelism.data_parallel_shard_degree=3 x .* = 3, but the "
+         "world size is 4; .* set parallelism.data_parallel_shard_degree=-1 .* or launch 3 processes$"),
         (["--parallelism.context_parallel_degree", "2", "--model.name", "hyena"], 2,
          "model.name='hyena' has no attention"),
         (["--parallelism.context_parallel_degree", "2", "--training.seq_len", "50"], 2,
          "training.seq_len=50 is not divisible by 2 x parallelism.context_parallel_degree = 4"),
         (["--parallelism.tensor_parallel_degree", "4", "--model.flavor", "tiny"], 4,
-         "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2"),
+         r"parallelism.tensor_parallel_degree=4 does not divide n_kv_heads=2 \(model.flavor='tiny'\); use 1 or 2"),
         (["--parallelism.tensor_parallel_degree", "3", "--model.flavor", "debug"], 3,
-         "parallelism.tensor_parallel_degree=3 does not divide model.n_heads=16; use 1, 2, 4, 8 or 16"),
+         r"parallelism.tensor_parallel_degree=3 does not divide n_heads=16 \(model.flavor='debug'\); use 1, 2, 4, "
+         "8 or 16"),
+        # A degree that cannot fit the model is reported as such, even when the world size does not fit either.
+        (["--parallelism.tensor_parallel_degree", "3", "--model.flavor", "debug"], 4,
+         r"^parallelism.tensor_parallel_degree=3 does not divide n_heads=16 \(model.flavor='debug'\)"),
+        (["--parallelism.context_parallel_degree", "2", "--training.seq_len", "50"], 3,
+         "^training.seq_len=50 is not divisible by 2 x parallelism.context_parallel_degree"),
         (["--parallelism.simple_fsdp_overlap", "bucket", "--parallelism.fsdp_implementation", "simple_fsdp"], 2,
          "simple_fsdp_overlap='bucket' .* needs .* compile.enable=true"),
+        (["--parallelism.simple_fsdp_overlap", "bucket_reorder", "--parallelism.fsdp_implementation", "simple_fsdp",
+          "--compile.enable", "true", "--training.deterministic", "true"], 2,
+         "simple_fsdp_overlap='bucket_reorder' with training.deterministic=true: inductor skips its .* reordering"),
         (["--parallelism.fsdp_implementation", "simple_fsdp", "--float8.enable", "true"], 2,
          "float8.enable=true is not supported with parallelism.fsdp_implementation='simple_fsdp'"),
         (["--parallelism.fsdp_implementation", "simple_fsdp", "--compile.enable", "true",
@@ -235,10 +249,41 @@ def test_pipeline_splits():
 
 
 def test_layout_product_must_match_world_size():
-    with pytest.raises(ConfigError, match="parallelism: .* the world size is 1"):
+    with pytest.raises(ConfigError, match="= 2, but the world size is 1"):
         resolve_layout(
             cli("--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"), 1
         )
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--parallelism.pipeline_parallel_schedule", "1F1b_typo"],
+         "^parallelism.pipeline_parallel_schedule='1F1b_typo' is unknown; use one of GPipe, 1F1B, "),
+        (["--activation_checkpoint.selective_ac_option", "every2"],
+         "^activation_checkpoint.selective_ac_option='every2' is not supported; use 'op'"),
+        (["--parallelism.pipeline_parallel_layers_per_stage", "-1"],
+         "^parallelism.pipeline_parallel_layers_per_stage=-1 must be >= 1, or 0"),
+    ],
+)  # fmt: skip
+def test_a_wrong_value_is_an_error_while_its_feature_is_off(options, message):
+    # pipeline_parallel_degree = 1 and activation_checkpoint.mode = "none" (the defaults): the values are unused.
+    with pytest.raises(ConfigError, match=message):
+        cli(*options)
+
+
+def test_no_error_speaks_in_library_abbreviations():
+    abbreviations = re.compile(r"(?<![\w.])(tp|pp|cp|dp_shard|dp_replicate|schedule|pp_degree)=")
+    failing = [
+        (["--parallelism.tensor_parallel_degree", "2"], 3),
+        (["--parallelism.data_parallel_shard_degree", "3", "--parallelism.context_parallel_degree", "2"], 4),
+        (["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "1"], 2),
+        (["--parallelism.pipeline_parallel_degree", "3", "--parallelism.pipeline_parallel_layers_per_stage", "5"], 3),
+    ]
+    for options, world in failing:
+        with pytest.raises(ConfigError) as error:
+            resolve_layout(cli(*options), world_size=world)
+        assert not abbreviations.search(str(error.value)), str(error.value)
 
 
 def test_cli_reports_config_errors_before_any_work(capsys):

@@ -63,3 +63,32 @@ def test_split_argv_keeps_recipe_options():
     options, rest = split_argv(["--config", "r.toml", "--max-new-tokens", "5", "--top_k=3", "--training.seq_len", "8"])
     assert (options.max_new_tokens, options.top_k) == (5, 3)
     assert rest == ["--config", "r.toml", "--training.seq_len", "8"]
+
+
+def test_batch_file_gives_each_prompt_its_single_prompt_text(tmp_path, capsys):
+    """Prompts of different lengths generated as one batch, sampled: each line equals --prompt on its own."""
+    import json
+
+    model = trained_elsewhere()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    prompts = ["In the beginning God created", "And", "Let there be light"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    argv = [*MODEL, "--checkpoint", str(tmp_path / "weights.pt"), "--batch-file", str(tmp_path / "prompts.txt"),
+            "--max-new-tokens", "10", "--temperature", "0.8", "--top-k", "20", "--seed", "5"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [line["prompt"] for line in lines] == prompts
+    for line, prompt in zip(lines, prompts, strict=True):
+        assert line["text"] == expected_text(model, prompt, max_new_tokens=10, temperature=0.8, top_k=20, seed=5)
+
+
+def test_batch_file_errors_come_before_any_model_is_built(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first\n\nthird\n")
+    checkpoint = ["--checkpoint", str(tmp_path / "missing.pt")]  # never read: the errors come first
+    assert main([*MODEL, *checkpoint, "--batch-file", str(prompts)]) == 2
+    assert f"--batch-file {str(prompts)!r} line 2 is empty; put one prompt on every line" in capsys.readouterr().err
+    assert main([*MODEL, *checkpoint, "--batch-file", str(prompts), "--prompt", "x"]) == 2
+    assert "--prompt and --batch-file exclude each other" in capsys.readouterr().err
+    assert main([*MODEL, *checkpoint, "--batch-file", str(tmp_path / "nothing.txt")]) == 2
+    assert "--batch-file" in capsys.readouterr().err

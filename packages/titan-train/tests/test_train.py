@@ -56,8 +56,18 @@ def test_gradient_accumulation_equals_the_large_batch(tmp_path):
 
 
 def test_deterministic_runs_repeat_bit_for_bit(tmp_path):
+    """Bit-for-bit repeats; and the flag really switched torch's deterministic algorithms on (on CPU the
+    kernels are deterministic anyway, so the repeat alone would pass without it)."""
     args = ("--model.flavor", "tiny", "--training.steps", "3", "--training.deterministic", "true")
-    assert trainer(tmp_path, *args).train() == trainer(tmp_path, *args).train()
+    torch.use_deterministic_algorithms(False)
+    try:
+        first = trainer(tmp_path, *args)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert first.train() == trainer(tmp_path, *args).train()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "3")
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_bfloat16_compute_tracks_float32(tmp_path):
@@ -104,6 +114,18 @@ def test_nan_loss_stops_before_the_update_naming_the_step(tmp_path):
         assert torch.equal(param, before[name]), f"{name} was updated by the NaN step"
 
 
+def test_nan_stops_the_run_before_its_checkpoint(tmp_path):
+    """Through the trainer's own loop (train()): steps 1 and 2 are saved, the NaN step 3 is not."""
+    from titan_debug import NonFiniteError
+
+    t = trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "5", "--checkpoint.enable", "true",
+                "--checkpoint.interval", "1")  # fmt: skip
+    _nan_output_once(t.model, at_call=3)
+    with pytest.raises(NonFiniteError, match=r"step 3: loss=nan"):
+        t.train()
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-1", "step-2"]
+
+
 def test_nan_policy_skip_leaves_the_weights_and_goes_on(tmp_path):
     t = trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "4", "--debug.nan_policy", "skip")
     _nan_output_once(t.model, at_call=2)
@@ -143,3 +165,30 @@ def test_float8_config_errors_name_the_field(tmp_path):
         trainer(tmp_path, "--float8.recipe", "fp8")
     with pytest.raises(ConfigError, match="float8"):
         trainer(tmp_path, "--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather", "true")
+
+
+def test_tps_and_mfu_match_an_independent_count(tmp_path):
+    """Tokens counted where the model receives them and timed by this test's clock, against the metric line's
+    `tps`; `mfu` against the documented formula: tps x (6 N + 12 L H D T) / peak, N counted on the live model."""
+    import json
+    import time
+
+    from titan_debug import peak_flops
+
+    t = trainer(tmp_path, "--model.flavor", "debug", "--training.steps", "7", "--metrics.log_freq", "3")
+    seen = []  # (wall time, tokens) of every forward
+    t.model.register_forward_pre_hook(lambda module, args: seen.append((time.time(), args[0].numel())))
+    t.train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 3, 6, 7]
+    for previous, record in zip(records[1:-1], records[2:], strict=True):  # windows of 3 and 1 steps
+        tokens = sum(n for stamp, n in seen if previous["time"] < stamp <= record["time"])
+        assert tokens == (record["step"] - previous["step"]) * 4 * 64
+        assert record["tps"] == pytest.approx(tokens / (record["time"] - previous["time"]), rel=0.05)
+
+    args = t.model_args
+    non_embedding = sum(p.numel() for name, p in t.model.named_parameters() if "tok_embeddings" not in name)
+    flops_per_token = 6 * non_embedding + 12 * args.n_layers * args.n_heads * (args.dim // args.n_heads) * 64
+    peak = peak_flops(torch.device("cpu"), torch.float32)
+    for record in records:
+        assert record["mfu"] == pytest.approx(record["tps"] * flops_per_token / peak, rel=1e-9)

@@ -19,20 +19,26 @@ Without a run to manage (a seed checkpoint, weights for generation), one call ea
 
     save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=...)   # -> folder/step-0
     step = load_checkpoint(folder, {"model": ModelState(model)})                # latest complete step
+
+Hugging Face layout, both ways (the model's adapter is found through the titan.hf_adapters entry points)::
+
+    export_safetensors(checkpoint, "hf", dtype="bfloat16", tokenizer="tokenizer.json")  # transformers loads it
+    import_hf_checkpoint("Llama-3.2-1B", "ckpt")        # -> ckpt/step-0, the model from its config.json
 """
 
-from titan_checkpoint.adapters import find_hf_adapter
+from titan_checkpoint.adapters import adapter_from_hf_folder, adapter_from_meta, find_hf_adapter, model_description
 from titan_checkpoint.config import CheckpointConfig
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.folder import complete_steps, latest_step, read_meta
+from titan_checkpoint.hf_convert import import_hf_checkpoint
 from titan_checkpoint.hf_export import export_safetensors
-from titan_checkpoint.hf_import import load_hf_into_model, load_hf_safetensors
+from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model, load_hf_safetensors
 from titan_checkpoint.loading import load_checkpoint
 from titan_checkpoint.manager import CheckpointManager
 from titan_checkpoint.saving import save_checkpoint, save_seed_checkpoint
 from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "CheckpointConfig",
@@ -46,13 +52,18 @@ __all__ = [
     "RNGState",
     "RankLocal",
     "__version__",
+    "adapter_from_hf_folder",
+    "adapter_from_meta",
     "complete_steps",
     "export_safetensors",
     "find_hf_adapter",
+    "import_hf_checkpoint",
+    "is_hf_folder",
     "latest_step",
     "load_checkpoint",
     "load_hf_into_model",
     "load_hf_safetensors",
+    "model_description",
     "read_meta",
     "save_checkpoint",
     "save_seed_checkpoint",

@@ -1,13 +1,19 @@
 """titan-checkpoint: export a checkpoint to Hugging Face layout, list a folder's checkpoints, verify one.
 
-titan-checkpoint export CKPT OUT [--model llama3] [--dtype bfloat16] [--max-shard-size 5GB] [--tokenizer PATH]
+titan-checkpoint export CKPT OUT [--model llama3] [--dtype bfloat16] [--max-shard-size 50GB] [--tokenizer PATH]
+titan-checkpoint import HF_DIR OUT [--dtype bfloat16]
 titan-checkpoint list FOLDER
 titan-checkpoint verify CKPT
+
+Exit codes, as titan-train and titan-generate: 0 done; 2 a usage mistake (an unknown option, a bad value, a
+path that does not exist), one line on stderr; 1 the checkpoint could not be used (damaged, incomplete, for
+another model), one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from pathlib import Path
@@ -17,9 +23,33 @@ from titan_checkpoint.folder import read_meta, resolve_checkpoint, step_dir
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.storage import read_dcp_metadata, verify_files
 
+EXAMPLES = """\
+examples:
+  titan-checkpoint list outputs/checkpoint
+  titan-checkpoint verify outputs/checkpoint/step-100
+  titan-checkpoint export outputs/checkpoint outputs/hf --dtype bfloat16 --tokenizer tokenizer.json
+  titan-checkpoint import Llama-3.2-1B outputs/llama-3.2-1b
+
+exit codes: 0 done, 2 a usage mistake (nothing ran), 1 the checkpoint could not be used."""
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _version() -> str:
+    try:
+        return f"titan-checkpoint {importlib.metadata.version('titan-checkpoint')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "titan-checkpoint unknown (not installed)"
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="titan-checkpoint", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="titan-checkpoint",
+        description=__doc__.split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
 
     export = commands.add_parser("export", help="write a checkpoint's model in Hugging Face layout")
@@ -27,9 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("out", help="output folder (must be empty or absent, unless --overwrite)")
     export.add_argument("--model", help="adapter name (entry point in titan.hf_adapters); default: the checkpoint's")
     export.add_argument("--dtype", default="bfloat16", help="dtype of the written tensors (default: bfloat16)")
-    export.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB, 500MB (default: 5GB)")
+    export.add_argument(
+        "--max-shard-size", default="50GB", help="largest file, e.g. 5GB (default: 50GB; one model.safetensors)"
+    )
     export.add_argument("--tokenizer", help="tokenizer.json, or a folder of tokenizer files, to copy alongside")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+
+    hf_import = commands.add_parser("import", help="write a Hugging Face model folder as a DCP checkpoint")
+    hf_import.add_argument("hf_dir", help="a Hugging Face model folder (config.json + *.safetensors)")
+    hf_import.add_argument("out", help="checkpoint folder to write step-0 into (must hold no checkpoint)")
+    hf_import.add_argument("--dtype", help="dtype of the written tensors (default: as stored in HF_DIR)")
 
     listing = commands.add_parser("list", help="the complete checkpoints of a folder")
     listing.add_argument("folder")
@@ -42,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 def _list(folder: str) -> None:
     from titan_checkpoint.folder import complete_steps
 
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder; give a checkpoint folder (holding step-<N> folders)")
     steps = complete_steps(folder)
     if not steps:
         print(f"{folder}: no complete checkpoint")
@@ -76,14 +115,21 @@ def main(argv: list[str] | None = None) -> int:
                 overwrite=args.overwrite,
             )
             print(f"wrote {Path(out)}")
+        elif args.command == "import":
+            from titan_checkpoint.hf_convert import import_hf_checkpoint
+
+            print(f"wrote {import_hf_checkpoint(args.hf_dir, args.out, dtype=args.dtype)}")
         elif args.command == "list":
             _list(args.folder)
         else:
             _verify(args.checkpoint)
-    except (CheckpointError, ValueError) as e:
-        print(f"titan-checkpoint {args.command}: {e}", file=sys.stderr)
-        return 1
-    return 0
+    except (ValueError, FileNotFoundError) as e:  # a bad option value or path: the user's to fix
+        print(f"titan-checkpoint {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckpointError as e:
+        print(f"titan-checkpoint {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ class CheckpointConfig:
     """State names not restored on load (e.g. ["dataloader"] to restart the data order)."""
     initial_load_path: str | None = None
     """Weights to start from when the folder holds no checkpoint: a DCP checkpoint (a step folder or a
-    folder of steps) or a Hugging Face safetensors folder (see initial_load_format)."""
+    folder of steps) or a Hugging Face folder (config.json + safetensors, recognized whatever
+    initial_load_format says; its config.json must describe the run's model)."""
     initial_load_format: str = "dcp"
     """Format of initial_load_path: dcp or hf (Hugging Face safetensors, converted by the model's adapter)."""
     initial_load_model_only: bool = True

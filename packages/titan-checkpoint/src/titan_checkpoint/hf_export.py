@@ -1,10 +1,12 @@
-"""Our DCP checkpoint -> Hugging Face layout: model-0000N-of-0000M.safetensors shards, their index,
-config.json and the tokenizer files, in one dtype.
+"""Our DCP checkpoint -> Hugging Face layout, as `transformers`, vLLM and TGI read it: model.safetensors
+(or model-0000N-of-0000M.safetensors shards and their index past max_shard_size), config.json (shape,
+context length, RoPE scaling, token ids, dtype), generation_config.json and the tokenizer files (see
+hf_tokenizer.py), in one dtype.
 
 Streams: the shard plan comes from the DCP metadata alone (names, shapes, dtypes), then each tensor is
 read on its own (`dcp.load` of a one-entry state dict, which reassembles a tensor saved in shards by any
 number of ranks), converted by the adapter and added to the current shard; a shard is written and freed
-as soon as it is full. Peak memory: about one shard plus one tensor.
+as soon as it is full. Peak memory: about one shard plus one tensor. Progress is logged as it goes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +25,17 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from titan_checkpoint.adapters import adapter_from_fingerprint
+from titan_checkpoint.adapters import adapter_from_meta
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.folder import read_meta, resolve_checkpoint
 from titan_checkpoint.hf_import import INDEX_FILE
+from titan_checkpoint.hf_tokenizer import ExportedTokenizer
 from titan_checkpoint.storage import SafeFileSystemReader, SafeLoadPlanner, read_dcp_metadata, verify_files
 
 logger = logging.getLogger("titan.checkpoint")
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+SINGLE_FILE = "model.safetensors"
+PROGRESS_SECONDS = 10.0
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -53,7 +58,11 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     return value
 
 
-def model_tensors(metadata: Any) -> list[tuple[str, str, TensorStorageMetadata]]:
+Entry = tuple[str, str, TensorStorageMetadata]
+"""(our FQN, DCP key, storage metadata) of one model tensor."""
+
+
+def model_tensors(metadata: Any) -> list[Entry]:
     """(our FQN, DCP key, storage metadata) of every model tensor of a checkpoint, in saved order."""
     paths = metadata.planner_data or {}
     entries = []
@@ -70,60 +79,8 @@ def _read_tensor(reader: SafeFileSystemReader, key: str, info: TensorStorageMeta
     return tensor
 
 
-def _copy_tokenizer(source: str | os.PathLike, out: Path) -> None:
-    source = Path(source)
-    if source.is_file():
-        files = {("tokenizer.model" if source.suffix == ".model" else "tokenizer.json"): source}
-    else:
-        files = {name: source / name for name in TOKENIZER_FILES if (source / name).is_file()}
-    if not files:
-        raise CheckpointError(
-            f"tokenizer={str(source)!r}: no tokenizer file there (looked for {', '.join(TOKENIZER_FILES)})"
-        )
-    for name, file in files.items():
-        shutil.copyfile(file, out / name)
-    if "tokenizer_config.json" not in files and "tokenizer.json" in files:
-        # Enough for transformers' AutoTokenizer to load tokenizer.json.
-        (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
-
-
-def export_safetensors(
-    checkpoint: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    adapter: Any = None,
-    model_name: str | None = None,
-    dtype: torch.dtype | str = torch.bfloat16,
-    max_shard_size: int | str = "5GB",
-    tokenizer: str | os.PathLike | None = None,
-    overwrite: bool = False,
-) -> Path:
-    """Write the model of `checkpoint` (a step folder, or a folder of steps -> the latest) to `out` in
-    Hugging Face layout. adapter: default from the checkpoint's fingerprint (model_name overrides its
-    "name"), found through the titan.hf_adapters entry points. Returns `out`."""
-    checkpoint, out, dtype = resolve_checkpoint(checkpoint), Path(out), _dtype(dtype)
-    max_bytes = parse_size(max_shard_size)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"export destination {out} exists and is not empty; choose another or pass overwrite")
-    meta = read_meta(checkpoint)
-    if adapter is None:
-        adapter = adapter_from_fingerprint(meta.get("fingerprint"), model_name)
-    metadata = read_dcp_metadata(checkpoint)
-    problems = verify_files(checkpoint, metadata, meta.get("files"))
-    if problems:
-        raise CheckpointCorruptError(f"checkpoint {checkpoint} is damaged: {'; '.join(problems)}")
-
-    entries = model_tensors(metadata)
-    if not entries:
-        raise CheckpointMismatchError(f"{checkpoint} holds no model tensors (no keys under 'model.')")
-    hf_keys = [adapter.to_hf_key(fqn) for fqn, _, _ in entries]
-    if hasattr(adapter, "hf_keys"):
-        missing = sorted(set(adapter.hf_keys()) - set(hf_keys))
-        if missing:
-            raise CheckpointMismatchError(f"{checkpoint} lacks {len(missing)} model tensor(s), e.g. {missing[:3]}")
-
-    # The shard plan, from shapes alone, so every file name knows the total count.
-    itemsize = torch.empty((), dtype=dtype).element_size()
+def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int) -> list[list[int]]:
+    """Entry indices per shard, from shapes alone, so every file name knows the total count."""
     shards: list[list[int]] = [[]]
     shard_bytes = 0
     for i, (_, _, info) in enumerate(entries):
@@ -133,14 +90,89 @@ def export_safetensors(
             shard_bytes = 0
         shards[-1].append(i)
         shard_bytes += nbytes
+    return shards
 
+
+class _Progress:
+    """An info line every PROGRESS_SECONDS while a large export writes, and one at the end."""
+
+    def __init__(self, total_bytes: int, out: Path):
+        self.total, self.out, self.done = total_bytes, out, 0
+        self.start = self.last = time.perf_counter()
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            logger.info(
+                f"checkpoint: exporting to {self.out}: {self.done / 1e9:.2f} / {self.total / 1e9:.2f} GB "
+                f"({100 * self.done / max(self.total, 1):.0f}%, {now - self.start:.0f}s)"
+            )
+
+
+def _recorded_tokenizer(checkpoint: Path, meta: dict[str, Any]) -> Path | None:
+    """The tokenizer the checkpoint's model description names (a path; relative ones are beside the steps),
+    if it is there."""
+    recorded = (meta.get("model") or {}).get("tokenizer")
+    if not recorded:
+        return None  # none recorded, or the trainer's shipped tokenizer, which only titan-train knows
+    path = checkpoint.parent / recorded if not Path(recorded).is_absolute() else Path(recorded)
+    return path if path.exists() else None
+
+
+def export_safetensors(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    adapter: Any = None,
+    model_name: str | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    max_shard_size: int | str = "50GB",
+    tokenizer: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the model of `checkpoint` (a step folder, or a folder of steps -> the latest) to `out` in
+    Hugging Face layout. adapter: default from the checkpoint's metadata (model_name overrides its
+    "name"), found through the titan.hf_adapters entry points. tokenizer: a tokenizer.json (its folder's
+    tokenizer_config.json comes with it) or a folder of tokenizer files, by default the one the checkpoint
+    records; its BOS / EOS ids go into config.json and generation_config.json. One file, model.safetensors,
+    unless the tensors pass max_shard_size. Returns `out`."""
+    checkpoint, out, dtype = resolve_checkpoint(checkpoint), Path(out), _dtype(dtype)
+    max_bytes = parse_size(max_shard_size)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"export destination {out} exists and is not empty; choose another or pass overwrite")
+    meta = read_meta(checkpoint)
+    if adapter is None:
+        adapter = adapter_from_meta(meta, model_name)
+    tokenizer = tokenizer if tokenizer is not None else _recorded_tokenizer(checkpoint, meta)
+    exported_tokenizer = None if tokenizer is None else ExportedTokenizer(tokenizer)
+    metadata = read_dcp_metadata(checkpoint)
+    problems = verify_files(checkpoint, metadata, meta.get("files"))
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {checkpoint} is damaged: {'; '.join(problems)}")
+
+    # Tied tensors (an alias of another FQN) are stored once, under the name Hugging Face gives it.
+    aliases = adapter.aliases() if hasattr(adapter, "aliases") else {}
+    entries = [entry for entry in model_tensors(metadata) if entry[0] not in aliases]
+    if not entries:
+        raise CheckpointMismatchError(f"{checkpoint} holds no model tensors (no keys under 'model.')")
+    hf_keys = [adapter.to_hf_key(fqn) for fqn, _, _ in entries]
+    if hasattr(adapter, "hf_keys"):
+        missing = sorted(set(adapter.hf_keys()) - set(hf_keys))
+        if missing:
+            raise CheckpointMismatchError(f"{checkpoint} lacks {len(missing)} model tensor(s), e.g. {missing[:3]}")
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    shards = _shard_plan(entries, itemsize, max_bytes)
+    progress = _Progress(sum(info.size.numel() for _, _, info in entries) * itemsize, out)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     reader = SafeFileSystemReader(checkpoint)
     weight_map, total = {}, 0
     for n, members in enumerate(shards, start=1):
-        name = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        name = SINGLE_FILE if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
         for i in members:
             fqn, key, info = entries[i]
@@ -148,15 +180,30 @@ def export_safetensors(
             tensors[hf_keys[i]] = tensor.to(dtype).contiguous()
             weight_map[hf_keys[i]] = name
             total += tensors[hf_keys[i]].numel() * itemsize
+            progress.add(tensors[hf_keys[i]].numel() * itemsize)
         save_file(tensors, str(tmp / name), metadata={"format": "pt"})
         del tensors
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (tmp / "config.json").write_text(json.dumps(adapter.hf_config(dtype), indent=2))
-    if tokenizer is not None:
-        _copy_tokenizer(tokenizer, tmp)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    token_ids = {}
+    if exported_tokenizer is not None:
+        token_ids = {"bos_token_id": exported_tokenizer.bos_id, "eos_token_id": exported_tokenizer.eos_token_id}
+    config = adapter.hf_config(dtype, **{k: v for k, v in token_ids.items() if v is not None})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if exported_tokenizer is not None:
+        exported_tokenizer.write(tmp, model_max_length=config.get("max_position_embeddings", 0))
+    else:
+        logger.warning(
+            "checkpoint: exported without a tokenizer: config.json names no BOS/EOS token and there is no "
+            "generation_config.json, so generate() will not stop at EOS; pass the tokenizer (--tokenizer PATH)"
+        )
     if out.exists():
         shutil.rmtree(out)
     os.rename(tmp, out)
-    logger.info(f"checkpoint: exported {checkpoint} to {out} ({len(entries)} tensors, {len(shards)} shard(s), {dtype})")
+    seconds = time.perf_counter() - progress.start
+    logger.info(
+        f"checkpoint: exported {checkpoint} to {out} ({len(entries)} tensors, {total / 1e9:.2f} GB in "
+        f"{len(shards)} file(s), {dtype}, {seconds:.1f}s)"
+    )
     return out

@@ -1,7 +1,10 @@
 """Hugging Face safetensors folder -> our model, one tensor at a time, on any parallel layout.
 
 Every rank reads the tensors it holds a part of (memory-mapped, never pickled) and keeps its own shard:
-`distribute_tensor(..., src_data_rank=None)` cuts the local piece without communication.
+`distribute_tensor(..., src_data_rank=None)` cuts the local piece without communication. A tensor Hugging
+Face stores once for two of our names (tied embeddings: the adapter's aliases()) fills both. When the
+folder has a config.json, the model it describes must be the one being loaded (shape, RoPE, tying), or
+the load is refused before any tensor is read.
 """
 
 from __future__ import annotations
@@ -19,9 +22,33 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from titan_checkpoint.adapters import model_differences, read_hf_config
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 
 INDEX_FILE = "model.safetensors.index.json"
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` is a Hugging Face model folder (config.json and safetensors files)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def check_hf_model(folder: str | os.PathLike, adapter: Any) -> None:
+    """Refuse a folder whose config.json describes another model than `adapter`'s; the error lists each
+    differing key. Without config.json (or an adapter class that cannot read one) there is nothing to check."""
+    if not (Path(folder) / "config.json").is_file() or not hasattr(type(adapter), "from_hf_config"):
+        return
+    try:
+        theirs = type(adapter).from_hf_config(read_hf_config(folder))
+    except (ValueError, KeyError) as e:
+        raise CheckpointMismatchError(f"{folder}/config.json cannot be read as this model's config: {e}") from e
+    differences = model_differences(adapter, theirs)
+    if differences:
+        raise CheckpointMismatchError(
+            f"{folder} holds another model than the one it is loaded into: {'; '.join(differences)} (ours: the "
+            f"model being loaded, theirs: {folder}/config.json); choose the matching model.flavor"
+        )
 
 
 @contextmanager
@@ -63,12 +90,16 @@ def hf_weight_files(folder: str | os.PathLike) -> dict[str, Path]:
 def load_hf_safetensors(
     folder: str | os.PathLike, adapter: Any, *, only: Container[str] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our FQN, tensor) for each tensor of a Hugging Face folder, read and converted one at a time.
+    """(our FQN, tensor) for each tensor of a Hugging Face folder, read and converted one at a time; a
+    tensor shared by several of our FQNs (adapter.aliases()) comes once per FQN, as the same tensor.
 
     adapter: maps HF names and tensors to ours (see titan_checkpoint.adapters). only: FQNs to read (e.g.
     a pipeline stage's); the others are skipped without being read.
     """
     files = hf_weight_files(folder)
+    aliases = adapter.aliases() if hasattr(adapter, "aliases") else {}
+    # A tied folder may store the shared tensor under both names; ours reads it once, under its own.
+    files = {key: file for key, file in files.items() if not _is_alias_key(adapter, key, aliases)}
     if hasattr(adapter, "hf_keys"):
         missing = [key for key in adapter.hf_keys() if key not in files]
         if missing:
@@ -86,7 +117,9 @@ def load_hf_safetensors(
                     fqn = adapter.from_hf_key(hf_key)
                 except ValueError as e:
                     raise CheckpointMismatchError(f"{file}: {e}") from e
-                if only is not None and fqn not in only:
+                names = [fqn, *(alias for alias, source in aliases.items() if source == fqn)]
+                names = [name for name in names if only is None or name in only]
+                if not names:
                     continue
                 try:
                     tensor = f.get_tensor(hf_key)
@@ -94,13 +127,24 @@ def load_hf_safetensors(
                     raise CheckpointCorruptError(
                         f"{file}: tensor {hf_key!r} cannot be read ({type(e).__name__}: {e}); the file is corrupt"
                     ) from e
-                yield fqn, adapter.from_hf_tensor(hf_key, tensor)
+                tensor = adapter.from_hf_tensor(hf_key, tensor)
+                for name in names:
+                    yield name, tensor
+
+
+def _is_alias_key(adapter: Any, hf_key: str, aliases: dict[str, str]) -> bool:
+    try:
+        return adapter.from_hf_key(hf_key) in aliases
+    except ValueError:
+        return False
 
 
 @torch.no_grad()
 def load_hf_into_model(model: nn.Module | Sequence[nn.Module], folder: str | os.PathLike, adapter: Any) -> None:
     """Copy a Hugging Face folder's weights into `model` (or the model parts of pipeline stages), whose
-    parameters may be DTensors of any layout. Every parameter must be found, with its shape."""
+    parameters may be DTensors of any layout. Every parameter must be found, with its shape, and the
+    folder's config.json (if any) must describe the adapter's model."""
+    check_hf_model(folder, adapter)
     parts = list(model) if isinstance(model, (list, tuple)) else [model]
     targets: dict[str, torch.Tensor] = {}
     for part in parts:

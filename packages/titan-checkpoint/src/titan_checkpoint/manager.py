@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
-from titan_checkpoint.adapters import adapter_from_fingerprint
+from titan_checkpoint.adapters import adapter_from_fingerprint, adapter_from_meta, check_imported_model
 from titan_checkpoint.config import CheckpointConfig
 from titan_checkpoint.errors import CheckpointError, raise_from_dcp
 from titan_checkpoint.folder import (
@@ -32,7 +32,7 @@ from titan_checkpoint.folder import (
     tmp_dir,
 )
 from titan_checkpoint.hf_export import export_safetensors
-from titan_checkpoint.hf_import import load_hf_into_model
+from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model
 from titan_checkpoint.loading import load_states
 from titan_checkpoint.saving import checkpoint_meta, commit_save, start_save, states_to_save
 from titan_checkpoint.states import ModelState, RankLocal, RNGState
@@ -55,6 +55,8 @@ class CheckpointManager:
         fingerprint differs is refused on load. Include "name" (the HF adapter's entry-point name) and
         "args" (what the adapter's from_args_dict takes) so the checkpoint can be exported.
     layout: JSON-able description of the parallel layout, stored for information.
+    model_meta: JSON-able description of the model as tools rebuild it from the checkpoint alone ({"name",
+        "args" (complete, max_seq_len included), ...}); stored, never compared (see the fingerprint for that).
     hf_adapter: adapter for initial_load_format="hf" and export (default: found from the fingerprint).
     process_group: group for DCP collectives (default: the default group, if one is initialized).
     """
@@ -67,6 +69,7 @@ class CheckpointManager:
         *,
         fingerprint: dict[str, Any] | None = None,
         layout: dict[str, Any] | None = None,
+        model_meta: dict[str, Any] | None = None,
         hf_adapter: Any = None,
         process_group: dist.ProcessGroup | None = None,
     ):
@@ -82,6 +85,7 @@ class CheckpointManager:
             raise ValueError("checkpoint.model_only=True needs a 'model' entry in states")
         self.fingerprint = normalize_fingerprint(fingerprint)
         self.layout = normalize_fingerprint(layout)
+        self.model_meta = normalize_fingerprint(model_meta)
         self.hf_adapter = hf_adapter
         self._pg = process_group
         self._dist = dist.is_available() and dist.is_initialized()
@@ -141,7 +145,9 @@ class CheckpointManager:
         tmp = start_save(self.folder, step, self._pg)
         start = time.perf_counter()
         state_dict = states_to_save(self.states, names, model_dtype)
-        meta = checkpoint_meta(step, names, model_dtype, self.fingerprint, self.layout, self.world_size)
+        meta = checkpoint_meta(
+            step, names, model_dtype, self.fingerprint, self.layout, self.world_size, self.model_meta
+        )
         writer = ChecksumWriter(tmp)
         if self.async_mode == "disabled":
             try:
@@ -250,6 +256,7 @@ class CheckpointManager:
         path = step_dir(self.folder, step)
         meta = read_meta(path)
         check_fingerprint(path, meta, self.fingerprint, self.config.check_fingerprint)
+        self._check_imported_model(path, meta)
         names = [n for n in self.states if n not in self.config.exclude_from_loading]
         if meta.get("model_only"):
             if step > 0:
@@ -265,6 +272,12 @@ class CheckpointManager:
         self._last_saved = step  # saving it again would rewrite the same state
         return int(meta["step"])
 
+    def _check_imported_model(self, checkpoint: Path, meta: dict[str, Any]) -> None:
+        """A checkpoint without a fingerprint but with a model description (`titan-checkpoint import`) is
+        compared by what its model is."""
+        if meta.get("fingerprint") is None and meta.get("model") and self.fingerprint:
+            check_imported_model(checkpoint, meta["model"], self.model_meta or self.fingerprint)
+
     def _initial_load(self) -> int:
         path, cfg = self.config.initial_load_path, self.config
         if not path:
@@ -272,14 +285,15 @@ class CheckpointManager:
             return 0
         if "model" not in self.states:
             raise ValueError("checkpoint.initial_load_path needs a 'model' entry in states")
-        if cfg.initial_load_format == "hf":
-            adapter = self.hf_adapter or adapter_from_fingerprint(self.fingerprint)
+        if cfg.initial_load_format == "hf" or is_hf_folder(path):
+            adapter = self.hf_adapter or adapter_from_fingerprint(self.model_meta or self.fingerprint)
             load_hf_into_model(self.states["model"].parts, path, adapter)
             logger.info(f"checkpoint: initial weights from Hugging Face folder {path}")
             return 0
         checkpoint = resolve_checkpoint(path)
         meta = read_meta(checkpoint)
         check_fingerprint(checkpoint, meta, self.fingerprint, cfg.check_fingerprint)
+        self._check_imported_model(checkpoint, meta)
         model_only = cfg.initial_load_model_only or meta.get("model_only", False)
         names = ["model"] if model_only else [n for n in self.states if n not in cfg.exclude_from_loading]
         load_states(checkpoint, meta, self.states, names, group=self._pg, verify_checksums=cfg.verify_checksums)
@@ -294,7 +308,7 @@ class CheckpointManager:
         self._barrier()
         checkpoint = step_dir(self.folder, step) if step is not None else resolve_checkpoint(self.folder)
         if self.rank == 0:
-            adapter = self.hf_adapter or adapter_from_fingerprint(read_meta(checkpoint).get("fingerprint"))
+            adapter = self.hf_adapter or adapter_from_meta(read_meta(checkpoint))
             export_safetensors(checkpoint, out, adapter=adapter, **kwargs)
         self._barrier()
         return Path(out)

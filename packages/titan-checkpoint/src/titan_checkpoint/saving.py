@@ -60,8 +60,11 @@ def checkpoint_meta(
     fingerprint: dict[str, Any] | None,
     layout: dict[str, Any] | None,
     world_size: int,
+    model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """titan_meta.json's fields but the file checksums, which commit_save adds once every file is written."""
+    """titan_meta.json's fields but the file checksums, which commit_save adds once every file is written.
+    model: what the model is ({"name", "args", ...}), for tools that rebuild it from the checkpoint alone;
+    unlike the fingerprint it is never compared on load."""
     return {
         "step": step,
         "contents": names,
@@ -70,6 +73,7 @@ def checkpoint_meta(
         "fingerprint": normalize_fingerprint(fingerprint),
         "world_size": world_size,
         "layout": normalize_fingerprint(layout),
+        **({} if model is None else {"model": normalize_fingerprint(model)}),
         "torch_version": torch.__version__,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -92,6 +96,7 @@ def save_checkpoint(
     fingerprint: dict[str, Any] | None = None,
     layout: dict[str, Any] | None = None,
     model_dtype: torch.dtype | None = None,
+    model: dict[str, Any] | None = None,
     process_group: dist.ProcessGroup | None = None,
 ) -> Path:
     """Write `states` (name -> object with state_dict(), e.g. {"model": ModelState(model)} for the weights
@@ -100,14 +105,15 @@ def save_checkpoint(
     The files, titan_meta.json and crash-safe rename are CheckpointManager's, so the manager, load_checkpoint
     and the export read it; no retention, RNG or async bookkeeping. fingerprint: JSON-able model
     description that loads compare against. layout: stored for information. model_dtype: cast the "model"
-    state's tensors on the way out. Every rank of `process_group` (default: the default group, if any) calls it.
+    state's tensors on the way out. model: what the model is (see checkpoint_meta). Every rank of
+    `process_group` (default: the default group, if any) calls it.
     """
     folder, names, distributed = Path(folder), list(states), _distributed()
     tmp = start_save(folder, step, process_group)
     start = time.perf_counter()
     state_dict = states_to_save(states, names, model_dtype)
     world_size = dist.get_world_size(process_group) if distributed else 1
-    meta = checkpoint_meta(step, names, model_dtype, fingerprint, layout, world_size)
+    meta = checkpoint_meta(step, names, model_dtype, fingerprint, layout, world_size, model)
     try:
         dcp.save(state_dict, storage_writer=ChecksumWriter(tmp), process_group=process_group, no_dist=not distributed)
     except BaseException as e:
@@ -121,8 +127,12 @@ def save_checkpoint(
 
 
 def save_seed_checkpoint(
-    folder: str | os.PathLike, model: torch.nn.Module, *, fingerprint: dict[str, Any] | None = None
+    folder: str | os.PathLike,
+    model: torch.nn.Module,
+    *,
+    fingerprint: dict[str, Any] | None = None,
+    model_meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write the initialized `model` as `<folder>/step-0`, model only: the seed every parallel layout
     starts from (DCP reshards it on load). Run in one process, before any training."""
-    return save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=fingerprint)
+    return save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=fingerprint, model=model_meta)

@@ -6,6 +6,9 @@ Metrics (a console line, metrics.jsonl and TensorBoard scalars per logged step):
     peak_flops                 device peak FLOP/s: datasheet on GPUs, cached matmul probe on CPU (peak_flops.py)
     mfu, tflops                model FLOPs utilization from tokens/s and FLOPs/token (mfu.py)
     memory_stats               peak memory in GiB and allocator retries, any device (memory.py)
+    WandbWriter                the records as a Weights & Biases run; optional extra [wandb] (wandb_logger.py)
+Progress:
+    Progress, ProgressLine     done/total, rate and time left of a long operation, as text (progress.py)
 Traces:
     Profiler                   torch.profiler traces every N steps (profiling.py)
     MemorySnapshotter          CUDA allocator snapshots every N steps and on OOM (profiling.py)
@@ -31,18 +34,23 @@ from titan_debug.mfu import mfu, tflops
 from titan_debug.nan_guard import NonFiniteError, check_finite
 from titan_debug.peak_flops import peak_flops
 from titan_debug.profiling import MemorySnapshotter, Profiler
+from titan_debug.progress import Progress, ProgressLine
 from titan_debug.throughput import Throughput, ThroughputWindow
+from titan_debug.wandb_logger import WandbWriter
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "MemorySnapshotter",
     "MetricsLogger",
     "NonFiniteError",
     "Profiler",
+    "Progress",
+    "ProgressLine",
     "Report",
     "Throughput",
     "ThroughputWindow",
+    "WandbWriter",
     "check_finite",
     "compare_losses",
     "dump_flight_recorder",

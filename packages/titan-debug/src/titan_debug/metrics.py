@@ -2,23 +2,30 @@
 
 Console (through the ``logging`` logger "titan", at INFO, on the ranks in ``log_ranks``):
 
-  step   12/50  [##........] 24%  loss 5.1234  grad_norm 1.234  lr 3.0e-04  tps 12,345  mfu 12.3%  mem 1.23GiB
+  step   12/50  [##........] 24%  loss 5.1234  grad_norm 1.234  lr 3.0e-04  tps 12,345  mfu 12.3%  mem 1.23GiB  eta 2:31
+
+``eta`` (with ``total_steps``) is the time left at the rate measured since the first logged step, so
+compilation and the first step's allocations do not inflate it; it is absent on the first logged step.
 
 TensorBoard (optional, on the ranks in ``log_ranks``): every finite number of the record as a scalar at
 ``step``, in ``<tensorboard_dir>/rank<R>`` (see tensorboard.py; titan-train passes ``<dump_folder>/tb/<run>``).
+Other writers (``writers``: objects with ``write(step, record)`` and ``close()``, such as the W&B writer in
+wandb_logger.py) receive the same records on the rank that was given them.
 
 JSONL (``<dump_folder>/metrics.jsonl``, rank 0 only for now), one object per logged step:
 
-    {"step": 12, "time": 1.7e9, "loss": 5.1234, "grad_norm": 1.234, "lr": 0.0003, "tps": 12345.0,
-     "mfu": 0.123, "memory": 1.23, ...extra keys...}
+    {"step": 12, "time": 1.7e9, "run_id": "20260101-120000-1a2b3c", "restart": 0, "loss": 5.1234,
+     "grad_norm": 1.234, "lr": 0.0003, "tps": 12345.0, "mfu": 0.123, "memory": 1.23, ...extra keys...}
 
 ``step``, ``time``, ``loss``, ``grad_norm``, ``lr``, ``tps``, ``mfu`` and ``memory`` are always present:
 floats (``step`` an int, ``time`` Unix seconds), ``null`` when the caller did not give them or they are
 not finite (strict JSON has no NaN). ``mfu`` is a fraction, ``memory`` peak GiB, ``tps`` tokens/s per
 device. Extra keys (``tflops``, ``data_time_frac``, ``tps_total``, ...) are written as given.
+``run_fields`` (titan-train gives ``run_id`` and ``restart``) follow ``time`` in every row.
 
 The file is opened for appending, never truncated: a resumed run continues the same file, so a reader
-should expect a step to appear more than once after a restart and keep the last occurrence.
+should expect a step to appear more than once after a restart and keep the row of the highest ``restart``
+(or, in files without one, the last occurrence).
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from titan_debug.progress import Progress, format_duration
 from titan_debug.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger("titan")
@@ -47,7 +55,8 @@ class MetricsLogger:
 
     ``dump_folder=None`` disables the file; ``tensorboard_dir=None`` (the default) disables TensorBoard.
     ``total_steps`` (if known) adds ``/total``, a progress bar and a percentage to the console line. Other
-    ranks may call ``log`` too; it does nothing for them.
+    ranks may call ``log`` too; it does nothing for them. ``run_fields`` are written into every JSONL row;
+    ``writers`` receive every record (see the module docstring).
     """
 
     def __init__(
@@ -58,9 +67,14 @@ class MetricsLogger:
         total_steps: int | None = None,
         jsonl_name: str = "metrics.jsonl",
         tensorboard_dir: str | Path | None = None,
+        run_fields: Mapping[str, Any] | None = None,
+        writers: Sequence[Any] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank = rank
         self.total_steps = total_steps
+        self.run_fields = dict(run_fields or {})
+        self._progress = Progress(total_steps, unit="step", clock=clock)
         self._prints = rank in set(log_ranks)
         # Only rank 0 writes: per-rank files (e.g. metrics_rank{r}.jsonl) may come later.
         self.path = Path(dump_folder) / jsonl_name if dump_folder is not None and rank == 0 else None
@@ -72,18 +86,22 @@ class MetricsLogger:
             if self._file.tell() > 0 and not _ends_with_newline(self.path):
                 self._file.write("\n")
         self._tensorboard = TensorBoardWriter(tensorboard_dir, rank) if tensorboard_dir and self._prints else None
+        self._writers = list(writers)
 
     def log(self, step: int, record: Mapping[str, Any]) -> None:
         """Print the step's line and write its scalars (on logging ranks); append it to the JSONL file (rank 0)."""
-        if not self._prints and self._file is None:
+        if not self._prints and self._file is None and not self._writers:
             return
         values = {key: _to_plain(value) for key, value in record.items()}
+        self._progress.update(int(step))
         if self._prints:
             logger.info(self.format_line(step, values))
         if self._tensorboard is not None:
             self._tensorboard.write(step, values)
+        for writer in self._writers:
+            writer.write(step, values)
         if self._file is not None:
-            row: dict[str, Any] = {"step": int(step), "time": time.time()}
+            row: dict[str, Any] = {"step": int(step), "time": time.time(), **self.run_fields}
             for key in SCHEMA_KEYS:
                 row[key] = _to_float(values.get(key))
             for key, value in values.items():
@@ -109,6 +127,9 @@ class MetricsLogger:
                 else:
                     shown = "n/a" if value is None else fmt(float(value))
                 parts.append(f"{label} {shown}")
+        eta = self._progress.eta_seconds if self._progress.done == step else None
+        if eta is not None:
+            parts.append(f"eta {format_duration(eta)}")
         return "  ".join(parts)
 
     def close(self) -> None:
@@ -118,6 +139,9 @@ class MetricsLogger:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
+        for writer in self._writers:
+            writer.close()
+        self._writers = []
 
     def __enter__(self) -> MetricsLogger:
         return self

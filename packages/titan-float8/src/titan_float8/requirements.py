@@ -19,7 +19,10 @@ import torch
 MIN_TORCHAO = "0.18.0"
 """The oldest torchao this package is tested with (the API of torchao.float8 moves between releases)."""
 
-INSTALL_HINT = f'pip install "torchao>={MIN_TORCHAO}"'
+TORCHAO_BELOW = "0.19"
+"""The first torchao not tested: this package uses torchao.float8 modules that it does not export."""
+
+INSTALL_HINT = f'pip install "torchao>={MIN_TORCHAO},<{TORCHAO_BELOW}"'
 
 
 def require_torchao() -> ModuleType:

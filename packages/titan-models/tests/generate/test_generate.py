@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from titan_models.generate import generate, sample_next
+from titan_models.generate import build_decoder, generate, sample_next
+from titan_models.generate.loop import left_pad
 
 
 @pytest.mark.parametrize("name", ["hyena", "llama3"])
@@ -17,7 +18,44 @@ def test_same_seed_same_sample_and_top_1_is_greedy(build, name):
     assert torch.equal(generate(model, prompt, 12, temperature=0.7, top_k=1), generate(model, prompt, 12))
 
 
-def test_batch_rows_match_single_prompts(build):
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3], [1, 2, 3, 4]]  # different lengths: the batch is left-padded
+
+
+def decoder_logits(model, prompts, new_tokens: int, strategy: str) -> list[torch.Tensor]:
+    """Per row, the logits [new_tokens + 1, V] after the prompt and after each greedy token, all rows
+    decoded as one batch."""
+    tokens, valid, _ = left_pad(prompts)
+    decoder = build_decoder(model, tokens.shape[1] + new_tokens, len(prompts), strategy)
+    logits = [decoder.prefill(tokens, valid=valid)[:, -1]]
+    for _ in range(new_tokens):
+        logits.append(decoder.step(logits[-1].argmax(-1)))
+    return list(torch.stack(logits, dim=1))
+
+
+@pytest.mark.parametrize(
+    "name, strategy, atol",
+    # Llama: RoPE angles are float32, so moving a prompt to another position changes scores by ~1e-9.
+    [("hyena", "flash", 1e-12), ("hyena", "lazy", 1e-12), ("hyena", "eager", 1e-12), ("llama3", "-", 1e-7)],
+)
+def test_batched_logits_per_row_equal_each_prompt_alone(build, name, strategy, atol):
+    """float64, so that any leak of the padding into a row (or of one row into another) shows."""
+    model = build(name, "tiny").double()
+    batched = decoder_logits(model, PROMPTS, 12, strategy)
+    for row, prompt in enumerate(PROMPTS):
+        torch.testing.assert_close(batched[row], decoder_logits(model, [prompt], 12, strategy)[0], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["hyena", "llama3"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_batched_generation_gives_each_row_its_tokens_alone(build, name, temperature):
+    model = build(name, "tiny")
+    batch = generate(model, PROMPTS, 16, temperature=temperature, top_k=50, seed=3)
+    assert batch.shape == (3, 16)
+    for row, prompt in enumerate(PROMPTS):
+        assert torch.equal(batch[row], generate(model, prompt, 16, temperature=temperature, top_k=50, seed=3))
+
+
+def test_equal_length_batch_rows_match_single_prompts(build):
     model = build("hyena", "tiny")
     batch = generate(model, torch.tensor([[1, 2, 3], [7, 8, 9]]), 10)
     assert torch.equal(batch[1], generate(model, [7, 8, 9], 10))
@@ -44,6 +82,8 @@ def test_errors_name_the_argument(build):
         generate(model, [1], 0)
     with pytest.raises(ValueError, match=r"prompt_ids must be \[P\] or \[B, P\] with P >= 1"):
         generate(model, [], 4)
+    with pytest.raises(ValueError, match="every prompt needs >= 1 token; prompt 1 of 2 is empty"):
+        generate(model, [[1, 2], []], 4)
     with pytest.raises(ValueError, match="temperature=-1 must be >= 0"):
         generate(model, [1], 4, temperature=-1)
     with pytest.raises(TypeError, match="no decoder for Linear"):

@@ -15,16 +15,65 @@ def step_by_step_logits(model, tokens: torch.Tensor, prompt: int, strategy: str)
     return torch.cat(logits, dim=1)
 
 
+@pytest.mark.parametrize("order", [2, 3])  # 2: one long convolution per block; 3: two, chained
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)], ids=["fp32", "fp64"])
-def test_forward_equals_step_by_step(build, strategy, dtype, atol):
+def test_forward_equals_step_by_step(build, strategy, dtype, atol, order):
     """Logits are O(5); float32 rounding of the FFTs and the tiles stays below 1e-5 (2e-6 seen) over 70 positions."""
-    model = build("hyena", "tiny", order=3).to(dtype)  # order 3: two long convolutions per block, chained
+    model = build("hyena", "tiny", order=order).to(dtype)
     tokens = torch.randint(0, 2048, (2, 70), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(tokens)
     for prompt in (1, 2, 9):
         torch.testing.assert_close(step_by_step_logits(model, tokens, prompt, strategy), expected, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("short_filter_len", [1, 2, 5])
+def test_any_short_filter_length_steps_like_the_forward(build, short_filter_len):
+    """1 tap keeps no history (prefill once sliced the whole prompt as the "last 0" positions); 5 taps keep
+    more history than a 1- or 3-token prompt holds."""
+    model = build("hyena", "tiny", short_filter_len=short_filter_len).double()
+    tokens = torch.randint(0, 2048, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(tokens)
+    for prompt in (1, 3, 9):
+        got = step_by_step_logits(model, tokens, prompt, "flash")
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "flavor, length",
+    [
+        ("debug", 1024),
+        pytest.param("debug", 4096, marks=pytest.mark.slow),  # ~11 s
+        pytest.param("debug_long", 4096, marks=pytest.mark.slow),  # filters that have not decayed at 4k
+    ],
+)
+def test_flash_generation_equals_the_full_forward_at_length(build, flavor, length):
+    """float64, every position generated from a 1-token prompt, so tiles up to length / 2 run (FFT ones from
+    U = 8): the online tiling must give the training forward's logits, not merely agree with lazy/eager.
+    Seen: 6e-15 at 1k and 4k (debug and debug_long), against logits of O(5); atol 1e-9."""
+    model = build("hyena", flavor).double()
+    tokens = torch.randint(0, 2048, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        expected = model(tokens)
+    torch.testing.assert_close(step_by_step_logits(model, tokens, 1, "flash"), expected, atol=1e-9, rtol=0)
+
+
+def test_flash_state_is_linear_in_length_to_the_byte(build):
+    """What flash keeps between steps, per channel and row, at L = 2^k: the filter h (L values), the
+    inputs and the accumulator (L each per row), a U x U Toeplitz block for each direct tile size U <= 8
+    and U + 1 complex bins for each FFT size 16 <= U < L. sum(U + 1) < L + log2 L, so the total is O(L):
+    no per-size copy of the filter or per-tile buffer survives a step."""
+    model = build("hyena", "tiny")
+    channels = model.args.n_layers * model.args.n_filters * model.args.dim
+    for length, rows in ((256, 1), (4096, 1), (4096, 3)):
+        conv = HyenaDecoder(model, length, strategy="flash", batch_size=rows, direct_max=8).conv
+        direct = sum(u * u for u in (1, 2, 4, 8))
+        fft_bins = sum(2**q + 1 for q in range(4, length.bit_length() - 1))
+        per_channel = 4 * (length + 2 * rows * length + direct) + 8 * fft_bins
+        assert conv.state_bytes() == channels * per_channel
+        assert per_channel < 4 * (3 + 2 * rows) * length + 8 * 64  # O(L): a constant times L, plus a little
 
 
 def train_briefly(model, steps: int = 40) -> None:

@@ -141,3 +141,17 @@ def test_built_on_meta_without_storage():
         model = HyenaLM(FLAVORS["125M"])
     model.init_weights(seed=0)  # a no-op on meta, as on a pipeline stage before to_empty
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_filter_reach_scales_with_filter_len(build):
+    """The decay window reaches 1% at lag decay_slow * filter_len (HyenaOperator's docstring): debug's filters
+    (filter_len 2048) are gone by 10k lags, debug_long's (65536) are still long at 64k."""
+
+    def tail_over_peak(flavor: str, length: int) -> float:
+        """For the longest-reaching channel: |h| at the last lag over its largest |h|."""
+        with torch.no_grad():
+            h = build(flavor).layers["0"].mixer.filter(length).abs()
+        return float((h[:, -1] / h.max(dim=1).values).max())
+
+    assert tail_over_peak("debug", 10240) < 1e-5
+    assert tail_over_peak("debug_long", 65536) > 1e-3

@@ -136,19 +136,20 @@ def test_unknown_names_are_rejected():
         adapter.from_hf_key("model.layers.0.self_attn.rotary_emb.inv_freq")
 
 
-@pytest.mark.parametrize("flavor", ["tiny", "debug", "8B", "405B"])
+@pytest.mark.parametrize("flavor", ["tiny", "debug", "1B", "8B", "405B"])
 def test_hf_config_round_trip(flavor):
     args = FLAVORS[flavor]
     config = hf_config(args, torch.bfloat16, bos_token_id=128000, eos_token_id=128001)
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "bfloat16"
-    assert config["tie_word_embeddings"] is False and config["intermediate_size"] == args.hidden_dim
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "bfloat16"  # transformers 5's key
+    assert "torch_dtype" not in config and config["max_position_embeddings"] == args.max_seq_len
+    assert config["tie_word_embeddings"] is args.tie_word_embeddings and config["intermediate_size"] == args.hidden_dim
     back = args_from_hf_config(config)
     assert hf_config(back, torch.bfloat16, bos_token_id=128000, eos_token_id=128001) == config
     # Same model; only how the FFN width and an implicit n_kv_heads are written may differ.
     assert back.hidden_dim == args.hidden_dim and back.num_kv_heads == args.num_kv_heads
     spelled_like_args = dataclasses.replace(
         back,
-        ffn_hidden_dim=None,
+        ffn_hidden_dim=args.ffn_hidden_dim,
         multiple_of=args.multiple_of,
         ffn_dim_multiplier=args.ffn_dim_multiplier,
         n_kv_heads=args.n_kv_heads,
@@ -179,10 +180,69 @@ def test_transformers_v5_rope_parameters_are_read():
     assert args_from_hf_config(config).rope_scaling == RopeScaling()
 
 
-def test_tied_embeddings_are_rejected():
-    config = hf_config(FLAVORS["tiny"]) | {"tie_word_embeddings": True}
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
-        args_from_hf_config(config)
+def test_published_3_2_config_values():
+    """Llama 3.2 1B's config.json (meta-llama/Llama-3.2-1B), the keys that shape the model."""
+    config = hf_config(FLAVORS["1B"], "bfloat16", bos_token_id=128000, eos_token_id=128001)
+    published = {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "tie_word_embeddings": True,
+        "vocab_size": 128256,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "dtype": "bfloat16",
+    }
+    assert {k: config[k] for k in published} == published
+    # transformers 5 reads rope_parameters, older readers (vLLM, TGI) rope_theta / rope_scaling: same values.
+    assert config["rope_parameters"] == {**published["rope_scaling"], "rope_theta": 500000.0}
+
+
+def test_tied_config_builds_a_tied_model_with_one_matrix(build):
+    args = args_from_hf_config(hf_config(FLAVORS["tiny"]) | {"tie_word_embeddings": True})
+    assert args.tie_word_embeddings
+    model = build("tiny", tie_word_embeddings=True)  # built on meta, to_empty, init_weights: the tie survives
+    assert model.output.weight is model.tok_embeddings.weight
+    assert len(list(model.parameters())) == len(model.state_dict()) - 1
+
+
+def test_tied_adapter_stores_the_matrix_once_and_fills_both_names(build):
+    model = build("tiny", tie_word_embeddings=True)
+    adapter = Llama3HFAdapter(model.args)
+    assert "lm_head.weight" not in adapter.hf_keys() and adapter.aliases() == {"output.weight": "tok_embeddings.weight"}
+    hf_sd = adapter.to_hf(model.state_dict())
+    assert sorted(hf_sd) == sorted(adapter.hf_keys())
+    back = adapter.from_hf(hf_sd)
+    assert torch.equal(back["output.weight"], model.tok_embeddings.weight)
+    untied = Llama3HFAdapter(FLAVORS["tiny"])
+    assert "lm_head.weight" in untied.hf_keys() and untied.aliases() == {}
+
+
+def test_tied_model_trains_one_matrix(build):
+    """The gradient of the shared matrix is the sum of both uses (reference: an untied copy whose two
+    gradients are added), and one optimizer step keeps the two names equal."""
+    tied = build("tiny", tie_word_embeddings=True)
+    untied = build("tiny")
+    untied.load_state_dict(tied.state_dict())
+    tokens = torch.randint(0, 2048, (2, 9), generator=torch.Generator().manual_seed(0))
+    for model in (tied, untied):
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    expected = untied.tok_embeddings.weight.grad + untied.output.weight.grad
+    torch.testing.assert_close(tied.tok_embeddings.weight.grad, expected, atol=1e-6, rtol=0)
+    torch.optim.SGD(tied.parameters(), lr=0.1).step()
+    assert torch.equal(tied.output.weight, tied.tok_embeddings.weight)
 
 
 def test_entry_point_is_registered():
@@ -196,8 +256,19 @@ def test_adapter_can_be_built_from_plain_data():
     """How titan-checkpoint builds it after loading the entry point: from a flavor name, from args stored as
     a dict in checkpoint metadata, or from a config.json."""
     args = FLAVORS["8B"]
+    from_old_fingerprint = Llama3HFAdapter.from_fingerprint(
+        {"flavor": "8B", "args": {k: v for k, v in dataclasses.asdict(args).items() if k != "max_seq_len"}}
+    )
+    assert from_old_fingerprint.args == args and from_old_fingerprint.hf_config()["max_position_embeddings"] == 131072
     from_flavor = Llama3HFAdapter.from_flavor("8B")
     from_dict = Llama3HFAdapter.from_args_dict(dataclasses.asdict(args))
     from_config = Llama3HFAdapter.from_hf_config(hf_config(args))
     assert from_flavor.args == from_dict.args == args
     assert from_config.hf_config() == from_flavor.hf_config() == hf_config(args)
+
+
+def test_a_pipeline_stage_holding_one_of_the_tied_modules_is_refused(build):
+    model = build("tiny", tie_word_embeddings=True)
+    model.output = None  # what a pipeline split does to the first stage
+    with pytest.raises(ValueError, match="tie_word_embeddings=True needs the token embedding and the output"):
+        model.init_weights(seed=0)

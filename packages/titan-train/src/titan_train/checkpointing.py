@@ -18,11 +18,33 @@ def resolve_folder(config: JobConfig, folder: str) -> str:
     return folder if os.path.isabs(folder) else os.path.join(config.job.dump_folder, folder)
 
 
+# Fields added to a model's args after checkpoints were written, with the value those checkpoints had:
+# left out of the fingerprint at that value, so the older checkpoints still match.
+_ADDED_ARGS = {"tie_word_embeddings": False}
+
+
 def fingerprint(config: JobConfig, model_args) -> dict:
     """What a checkpoint must match to be loaded: the model's name, flavor and architecture. max_seq_len is
     left out: it follows training.seq_len, which may change between runs without changing the weights."""
-    args = {k: v for k, v in dataclasses.asdict(model_args).items() if k != "max_seq_len"}
+    args = {
+        k: v
+        for k, v in dataclasses.asdict(model_args).items()
+        if k != "max_seq_len" and not (k in _ADDED_ARGS and v == _ADDED_ARGS[k])
+    }
     return {"name": config.model.name, "flavor": config.model.flavor, "args": args}
+
+
+def model_meta(config: JobConfig, model_args) -> dict:
+    """What the model is, stored with each checkpoint (never compared), so the export and titan-generate
+    rebuild it from the checkpoint alone: complete args (max_seq_len included) and the tokenizer."""
+    tokenizer = config.model.tokenizer_path
+    return {
+        "name": config.model.name,
+        "flavor": config.model.flavor,
+        "args": dataclasses.asdict(model_args),
+        # "" is the tokenizer shipped with titan-train.
+        "tokenizer": os.path.abspath(os.path.expanduser(tokenizer)) if tokenizer else "",
+    }
 
 
 def build_checkpoint_manager(trainer) -> CheckpointManager | None:
@@ -47,6 +69,7 @@ def build_checkpoint_manager(trainer) -> CheckpointManager | None:
         config.checkpoint,
         fingerprint=fingerprint(config, trainer.model_args),
         layout=layout,
+        model_meta=model_meta(config, trainer.model_args),
     )
 
 
@@ -57,4 +80,8 @@ def write_seed_checkpoint(trainer) -> str:
             f"checkpoint.create_seed_checkpoint: {folder} already holds checkpoints (steps {complete_steps(folder)}); "
             "choose another checkpoint.folder or job.dump_folder so nothing is overwritten"
         )
-    return str(save_seed_checkpoint(folder, trainer.model, fingerprint=fingerprint(trainer.config, trainer.model_args)))
+    config, args = trainer.config, trainer.model_args
+    seed = save_seed_checkpoint(
+        folder, trainer.model, fingerprint=fingerprint(config, args), model_meta=model_meta(config, args)
+    )
+    return str(seed)

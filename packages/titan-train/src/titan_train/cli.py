@@ -1,16 +1,24 @@
-"""`titan-train` and `python -m titan_train`: parse, validate, then train."""
+"""`titan-train` and `python -m titan_train`: parse, validate, then train (or `titan-train plot DUMP...`).
+
+Exit codes and error messages follow command.py: 0 done, 2 a usage or config mistake, 1 the run failed.
+"""
 
 import logging
 import os
 import sys
 
-from titan_train.config import ConfigError, help_text, load_config, parse_argv, to_toml
+from titan_train.command import EXIT_OK, run_command, version_line
+from titan_train.config import help_text, load_config, parse_argv, to_toml
+
+PROG = "titan-train"
 
 
 def _setup_logging() -> None:
     rank = int(os.environ.get("RANK", "0"))
+    # TITAN_LOG_LEVEL=DEBUG also prints, per rank, what was applied to the model (describe_applied).
+    default = "INFO" if rank == 0 else "WARNING"
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
+        level=os.environ.get("TITAN_LOG_LEVEL", default).upper(),
         format=f"[titan rank{rank}] %(asctime)s %(message)s"
         if "RANK" in os.environ
         else "[titan] %(asctime)s %(message)s",
@@ -20,33 +28,40 @@ def _setup_logging() -> None:
     )
 
 
+def _train(argv: list[str]) -> int:
+    cmd = parse_argv(argv)
+    if cmd.help:
+        print(help_text())
+        return EXIT_OK
+    if cmd.version:
+        print(version_line(PROG, "titan-train"))
+        return EXIT_OK
+    config = load_config(cmd)
+    if cmd.print_config:
+        print(to_toml(config))
+        return EXIT_OK
+    from titan_train.distributed import world_size_from_env
+    from titan_train.layout import resolve_layout
+
+    layout = resolve_layout(config, world_size_from_env())
+    if cmd.dry_run:
+        print(to_toml(config))
+        print(f"# layout: {layout.describe()}")
+        return EXIT_OK
+    from titan_train.train import train
+
+    train(config)
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _setup_logging()
-    try:
-        cmd = parse_argv(argv)
-        if cmd.help:
-            print(help_text())
-            return 0
-        config = load_config(cmd)
-        if cmd.print_config:
-            print(to_toml(config))
-            return 0
-        from titan_train.distributed import world_size_from_env
-        from titan_train.layout import resolve_layout
+    if argv[:1] == ["plot"]:
+        from titan_train.plot import main as plot_main
 
-        layout = resolve_layout(config, world_size_from_env())
-        if cmd.dry_run:
-            print(to_toml(config))
-            print(f"# layout: {layout.describe()}")
-            return 0
-        from titan_train.train import train
-
-        train(config)
-    except ConfigError as e:
-        print(f"titan-train: config error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return run_command(f"{PROG} plot", lambda: plot_main(argv[1:]))
+    return run_command(PROG, lambda: _train(argv))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 world size before any process group exists, into titan_parallel's frozen `Layout`.
 
 This is the one place that knows both the config keys and the libraries: library errors speak in their own
-parameter names (`schedule=`, `pp_degree=`), and `_config_error` says them again in the config's keys.
+parameter names (`schedule=`, `pp_degree=`, `tp=`), and `_config_error` says them again in the config's keys.
+Checks that do not depend on the world size run first, so a degree that cannot fit the model is reported as
+such, not as a world-size mismatch.
 """
 
 import re
@@ -35,6 +37,11 @@ _CONFIG_KEYS = {
     "microbatch_size": "parallelism.pipeline_parallel_microbatch_size",
     "mode": "activation_checkpoint.mode",
     "selective_option": "activation_checkpoint.selective_ac_option",
+    "dp_replicate": "parallelism.data_parallel_replicate_degree",
+    "dp_shard": "parallelism.data_parallel_shard_degree",
+    "cp": "parallelism.context_parallel_degree",
+    "tp": "parallelism.tensor_parallel_degree",
+    "pp": "parallelism.pipeline_parallel_degree",
 }
 _SETTINGS = {
     "compiled=False": "compile.enable=false",
@@ -54,47 +61,27 @@ def _config_error(error: ValueError) -> ConfigError:
         return _CONFIG_KEYS[name] + assigned if assigned or "_" in name else match.group(0)
 
     names = "|".join(_CONFIG_KEYS)
-    return ConfigError(re.sub(rf"(?<![\w.])({names})(=?)(?![\w.])", key, message))
+    return ConfigError(re.sub(rf"(?<![\w.])({names})(?![\w.])(=?)", key, message))
 
 
 def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     p, t = config.parallelism, config.training
-    try:
-        dims = ParallelDims(
-            dp_replicate=p.data_parallel_replicate_degree,
-            dp_shard=p.data_parallel_shard_degree,
-            cp=p.context_parallel_degree,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-            world_size=world_size,
-        )
-    except ValueError as e:
-        raise ConfigError(f"parallelism: {e}") from None
     spec = get_model_spec(config.model.name)
     plan = spec.plan(spec.args_for(config.model.flavor))
-    if dims.cp > 1 and not plan.context_parallel:
-        raise ConfigError(
-            f"parallelism.context_parallel_degree={dims.cp}: model.name={config.model.name!r} has no attention "
-            "to run as ring attention; use 1"
-        )
-    if dims.cp > 1 and t.seq_len % (2 * dims.cp):
-        raise ConfigError(
-            f"training.seq_len={t.seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "
-            f"{2 * dims.cp} (each rank holds two load-balanced chunks); use a multiple of {2 * dims.cp}"
-        )
+    # First what the config must satisfy on any number of processes.
+    _check_model_fit(config, plan)
     _check_simple_fsdp(config)
+    ac = _ac(config)
+    _check_compiled_block_ac(config, ac)
+    pp = p.pipeline_parallel_degree
+    pipeline = _pipeline_plan(config, pp, plan.block_fqns, ac) if pp > 1 else None
+    # Then what depends on how many processes were launched.
+    dims = _parallel_dims(config, world_size)
     if config.checkpoint.create_seed_checkpoint and world_size > 1:
         raise ConfigError(
             f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
             "run it without torchrun, then launch the parallel run from that folder"
         )
-    ac = _ac(config)
-    _check_compiled_block_ac(config, dims, ac)
-    if dims.tp > 1:
-        try:
-            check_tp_degree(dims.tp, plan.tp_divisible)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
@@ -114,13 +101,62 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
         activation_checkpoint=ac,
         compile_backend=config.compile.backend if config.compile.enable else None,
-        pipeline=_pipeline_plan(config, dims, plan.block_fqns, ac) if dims.pp > 1 else None,
+        pipeline=pipeline,
         context_parallel=(
             ContextParallel(p.context_parallel_variant, p.context_parallel_implementation, t.seq_len)
             if dims.cp > 1
             else None
         ),
     )
+
+
+def _check_model_fit(config: JobConfig, plan) -> None:
+    """The degrees that split the model or the sequence fit this model and sequence length."""
+    p, model, seq_len = config.parallelism, config.model, config.training.seq_len
+    cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
+    if cp > 1 and not plan.context_parallel:
+        raise ConfigError(
+            f"parallelism.context_parallel_degree={cp}: model.name={model.name!r} has no attention "
+            "to run as ring attention; use 1"
+        )
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(
+            f"training.seq_len={seq_len} is not divisible by 2 x parallelism.context_parallel_degree = "
+            f"{2 * cp} (each rank holds two load-balanced chunks); use a multiple of {2 * cp}"
+        )
+    if tp > 1:
+        try:
+            check_tp_degree(tp, plan.tp_divisible)
+        except ValueError as e:
+            message = str(e)
+            for name, size in plan.tp_divisible.items():  # sizes of the flavor, not keys a user can set
+                short = name.removeprefix("model.")
+                message = message.replace(f"{name}={size}", f"{short}={size} (model.flavor={model.flavor!r})")
+            raise ConfigError(message) from None
+
+
+def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
+    p = config.parallelism
+    degrees = dict(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+    )
+    try:
+        return ParallelDims(**degrees, world_size=world_size)
+    except ValueError as e:
+        others = degrees["dp_replicate"] * degrees["cp"] * degrees["tp"] * degrees["pp"]
+        if degrees["dp_shard"] == -1:
+            fits = [n for n in range(1, world_size + 1) if world_size % n == 0]
+            fix = f"choose degrees whose product divides the world size (its divisors: {', '.join(map(str, fits))})"
+        else:
+            fix = (
+                f"set parallelism.data_parallel_shard_degree=-1 to shard over the rest, or launch "
+                f"{others * degrees['dp_shard']} processes"
+            )
+        raise ConfigError(f"{_config_error(e)}; {fix}") from None
 
 
 def _data_parallel(config: JobConfig, dims: ParallelDims) -> DataParallel:
@@ -138,6 +174,14 @@ def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOpt
         mode = "hybrid_shard" if dims.dp_replicate > 1 else "fully_shard"
     else:
         mode = "replicate"
+    if p.simple_fsdp_overlap == "bucket_reorder" and config.training.deterministic:
+        # Deterministic algorithms set inductor's `deterministic`, which skips its reordering pass: the
+        # overlap asked for would silently not happen.
+        raise ConfigError(
+            "parallelism.simple_fsdp_overlap='bucket_reorder' with training.deterministic=true: inductor skips "
+            "its compute/communication reordering in deterministic mode; use simple_fsdp_overlap='bucket' or "
+            "training.deterministic=false"
+        )
     return SimpleFSDPOptions(mode, p.simple_fsdp_overlap, tuple(p.simple_fsdp_manual_buckets))
 
 
@@ -149,14 +193,15 @@ def _ac(config: JobConfig) -> ActivationCheckpoint:
         raise _config_error(e) from None
 
 
-def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims, ac: ActivationCheckpoint) -> None:
+def _check_compiled_block_ac(config: JobConfig, ac: ActivationCheckpoint) -> None:
     """Compiled whole-block checkpoints fail in AOTAutograd when parameters are DTensors (it saves DTensor
     mesh metadata for backward): tensor parallel and SimpleFSDP both make them so."""
     if not config.compile.enable or ac.granularity is not ACGranularity.BLOCK:
         return
     simple = config.parallelism.fsdp_implementation == "simple_fsdp"
-    if dims.tp > 1:
-        cause = f"tensor parallel (parallelism.tensor_parallel_degree={dims.tp})"
+    tp = config.parallelism.tensor_parallel_degree
+    if tp > 1:
+        cause = f"tensor parallel (parallelism.tensor_parallel_degree={tp})"
     elif simple:
         cause = "simple_fsdp (parallelism.fsdp_implementation='simple_fsdp')"
     else:
@@ -165,7 +210,7 @@ def _check_compiled_block_ac(config: JobConfig, dims: ParallelDims, ac: Activati
         f"activation_checkpoint.mode={config.activation_checkpoint.mode!r} checkpoints whole blocks, which torch "
         f"{torch.__version__} cannot compile (compile.enable=true) with the DTensor parameters of {cause}; use "
         "activation_checkpoint.mode='selective' with selective_ac_option='op', or compile.enable=false"
-        + (", or parallelism.fsdp_implementation='fsdp2'" if dims.tp == 1 else "")
+        + (", or parallelism.fsdp_implementation='fsdp2'" if tp == 1 else "")
     )
 
 
@@ -186,12 +231,12 @@ def _check_simple_fsdp(config: JobConfig) -> None:
         )
 
 
-def _pipeline_plan(config: JobConfig, dims: ParallelDims, block_fqns: list[str], ac: ActivationCheckpoint):
+def _pipeline_plan(config: JobConfig, pp: int, block_fqns: list[str], ac: ActivationCheckpoint):
     p = config.parallelism
     try:
         return plan_pipeline(
             p.pipeline_parallel_schedule,
-            dims.pp,
+            pp,
             block_fqns,
             config.training.local_batch_size,
             p.pipeline_parallel_microbatch_size,

@@ -1,5 +1,6 @@
 """What a run reports: the model summary at the start, then per step throughput, FLOPs, memory and the
-optimizer figures, on the console, in `<dump_folder>/metrics.jsonl` and TensorBoard.
+optimizer figures, on the console (with the time left), in `<dump_folder>/metrics.jsonl` (each row with the
+run id and restart counter of run_record.py), TensorBoard and Weights & Biases.
 
 Collectives run on every step on every rank, before any decision about logging: a log line guarded by
 rank or by step never decides whether a rank joins a collective (with pipelining the per-stage figures are
@@ -8,9 +9,10 @@ gathered over the pipeline group, and a rank that skipped the gather would hang 
 
 import logging
 
-from titan_debug import MetricsLogger, Throughput, memory_stats, mfu, peak_flops, tflops
+from titan_debug import MetricsLogger, Throughput, WandbWriter, memory_stats, mfu, peak_flops, tflops
 from titan_parallel import ParallelModel
-from titan_train.config import JobConfig
+from titan_train.config import JobConfig, to_dict
+from titan_train.run_record import RunRecord
 
 logger = logging.getLogger("titan")
 
@@ -18,7 +20,7 @@ logger = logging.getLogger("titan")
 class StepReporter:
     def __init__(
         self, config: JobConfig, model: ParallelModel, throughput: Throughput, *, rank: int, world_size: int,
-        device, flops_per_token: float,
+        device, flops_per_token: float, run: RunRecord | None = None,
     ):  # fmt: skip
         self.config, self.model, self.device, self.world_size = config, model, device, world_size
         self.throughput = throughput
@@ -32,7 +34,8 @@ class StepReporter:
         tb_dir = f"{config.job.dump_folder}/tb/{config.job.name}" if config.metrics.enable_tensorboard else None
         self.metrics = MetricsLogger(
             config.job.dump_folder, rank=rank, log_ranks=config.metrics.ranks, total_steps=t.steps,
-            tensorboard_dir=tb_dir,
+            tensorboard_dir=tb_dir, run_fields=run.fields() if run is not None else None,
+            writers=[_wandb_writer(config, run)] if config.metrics.enable_wandb and rank == 0 else [],
         )  # fmt: skip
 
     def log_model(self) -> None:
@@ -74,3 +77,11 @@ class StepReporter:
 
     def close(self) -> None:
         self.metrics.close()
+
+
+def _wandb_writer(config: JobConfig, run: RunRecord | None):
+    m = config.metrics
+    return WandbWriter(
+        config.job.dump_folder, project=m.wandb_project, name=config.job.name,
+        run_id=run.run_id if run is not None else None, config=to_dict(config), mode=m.wandb_mode,
+    )  # fmt: skip

@@ -29,6 +29,7 @@ from titan_train.distributed import RunEnv, init_distributed, shutdown_distribut
 from titan_train.layout import resolve_layout
 from titan_train.optim import LRSchedulers, Optimizers
 from titan_train.reporting import StepReporter
+from titan_train.run_record import RunRecord, record_run
 from titan_train.tokenizer import load_tokenizer
 
 logger = logging.getLogger("titan")
@@ -41,8 +42,8 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class Trainer:
     """Builds everything a run needs from the config; `step()` runs one optimizer step."""
 
-    def __init__(self, config: JobConfig, env: RunEnv):
-        self.config, self.env = config, env
+    def __init__(self, config: JobConfig, env: RunEnv, run: RunRecord | None = None):
+        self.config, self.env, self.run = config, env, run
         t = config.training
         self.layout = resolve_layout(config, env.world_size)
         self.dims = self.layout.dims
@@ -140,7 +141,7 @@ class Trainer:
         dump, prof = cfg.job.dump_folder, cfg.profiling
         reporter = StepReporter(
             cfg, self.parallel_model, self.throughput, rank=rank, world_size=self.env.world_size, device=device,
-            flops_per_token=self.spec.flops_per_token(self.model_args, cfg.training.seq_len),
+            flops_per_token=self.spec.flops_per_token(self.model_args, cfg.training.seq_len), run=self.run,
         )  # fmt: skip
         reporter.log_model()
         profiler = Profiler(
@@ -186,9 +187,10 @@ class Trainer:
 
 def train(config: JobConfig) -> list[float]:
     """Run the training the config describes; returns the per-step losses."""
+    run = record_run(config)  # <dump_folder>/config.toml and run.json; refuses a resume the config would break
     env = init_distributed(config)
     try:
-        trainer = Trainer(config, env)
+        trainer = Trainer(config, env, run)
         if config.checkpoint.create_seed_checkpoint:
             logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(trainer)}")
             return []

@@ -2,6 +2,7 @@
 
     tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, seed=0,
                       strategy="flash")     # Hyena: "lazy" | "eager" | "flash"
+    rows = generate(model, [prompt_a, prompt_b], max_new_tokens=64)  # any lengths; each row as if alone
 
 Lower level: build_decoder(model, max_len) -> decoder.prefill(tokens) / decoder.step(token) -> logits.
 """

@@ -20,7 +20,8 @@ from titan_models.hyena.model import HyenaLM
 class HyenaDecoder:
     """Generation state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) HyenaLM.
 
-    prefill(tokens [B, P]) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new token.
+    prefill(tokens [B, P], valid=None) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new
+    token; prompts of different lengths are left-padded, with `valid` marking the padding.
     strategy: "lazy", "eager" or "flash" (see online_conv.py); all give the same outputs up to rounding.
     direct_max: the largest flash tile computed as a direct product. clock: what `mixing_seconds` counts.
     """
@@ -60,28 +61,43 @@ class HyenaDecoder:
         """Time spent in the long convolutions (prefill FFTs, pending sums, pushes) so far."""
         return self.conv.seconds
 
+    def state_bytes(self) -> int:
+        """Bytes kept between steps: the long convolutions' state plus the short convolutions' caches."""
+        caches = sum(c.numel() * c.element_size() for c in self.short_cache)
+        return self.conv.state_bytes() + caches + self.h0_plus_skip.numel() * self.h0_plus_skip.element_size()
+
     def _channels(self, layer: int, i: int) -> slice:
         """The OnlineConv channels of filter i of `layer` (channel-major within the layer)."""
         base = layer * self.filter_channels
         return slice(base + i, base + self.filter_channels, self.order - 1)
 
     @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Run the prompt tokens [B, P] (P >= 1) through the model with FFT convolutions, recording what
-        generation needs; returns logits [B, P, V]."""
+        generation needs; returns logits [B, P, V].
+
+        valid [B, P] (bool, optional): False marks left padding, so prompts of different lengths share a
+        batch. Padded positions feed zeros to both convolutions (the residual stream entering each block is
+        zeroed there, and so is every long convolution's input), so a row computes what its prompt alone
+        would: the convolutions depend on lags only. Their logits are meaningless."""
         if self.t != 0:
             raise RuntimeError("prefill must come first, once")
         prompt = tokens.shape[1]
         if not 1 <= prompt < self.max_len:
             raise ValueError(f"prompt length {prompt} must be >= 1 and < max_len={self.max_len}")
+        keep = None if valid is None else valid[:, None, :].to(self.model.output.weight.dtype)  # [B, 1, P]
         x = self.model.tok_embeddings(tokens)
+        history = self.kernel - 1
         for index, layer in enumerate(self.layers):
-            recent = layer.mixer.in_proj(layer.mixer_norm(x[:, -(self.kernel - 1) :])).transpose(1, 2)
+            if keep is not None:
+                x = x * keep.transpose(1, 2)  # in_proj has no bias and RMSNorm(0) = 0: zeros reach the short conv
+            # The short conv's cache: the last kernel - 1 projections (none for a 1-tap conv).
+            recent = layer.mixer.in_proj(layer.mixer_norm(x[:, max(prompt - history, 0) :])).transpose(1, 2)
             cache = self.short_cache[index]
-            cache[..., cache.shape[-1] - recent.shape[-1] :] = recent  # zeros before a short prompt
+            cache[..., history - recent.shape[-1] :] = recent  # zeros before a short prompt
 
             def long_conv(i: int, v: torch.Tensor, index: int = index) -> torch.Tensor:
-                return self.conv.prefill(v, self._channels(index, i))
+                return self.conv.prefill(v if keep is None else v * keep, self._channels(index, i))
 
             x = layer(x, long_conv=long_conv)
         self.t = prompt

@@ -30,13 +30,19 @@ class LlamaDecoder:
         shape = (batch_size, max_len, args.num_kv_heads, args.head_dim)
         self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
         self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
+        # False where a row's prompt was left-padded: no query attends to those keys.
+        self.key_valid = torch.ones(batch_size, max_len, dtype=torch.bool, device=weight.device)
         self.t = 0
 
     @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run the prompt [B, P] (P >= 1) into the cache; logits [B, P, V]."""
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the prompt [B, P] (P >= 1) into the cache; logits [B, P, V]. valid [B, P] (bool, optional):
+        False marks left padding, whose keys no query sees (attention scores depend on relative positions
+        only, so a padded row computes what its prompt alone would); logits at padding are meaningless."""
         if self.t != 0:
             raise RuntimeError("prefill must come first, once")
+        if valid is not None:
+            self.key_valid[: valid.shape[0], : valid.shape[1]] = valid
         return self._forward(tokens)
 
     @torch.no_grad()
@@ -50,8 +56,11 @@ class LlamaDecoder:
         if end > self.max_len:
             raise RuntimeError(f"LlamaDecoder holds {self.max_len} positions; {end} needed")
         freqs_cis = self.freqs_cis[start:end]
-        # Query i (position start + i) sees keys 0 .. start + i.
-        mask = torch.ones(seqlen, end, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        # Query i (position start + i) sees keys 0 .. start + i that are not padding, and always its own
+        # (a padding query with no key at all would turn into NaN, and NaN times a zero weight is still NaN).
+        causal = torch.ones(seqlen, end, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
+        own = torch.arange(end, device=tokens.device) == torch.arange(start, end, device=tokens.device)[:, None]
+        mask = causal & (self.key_valid[:bs, None, None, :end] | own)
         h = self.model.tok_embeddings(tokens)
         for index, layer in enumerate(self.model.layers.values()):
             attention = layer.attention

@@ -59,6 +59,13 @@ class OnlineConv:
     def _prefill(self, x: torch.Tensor, channels: slice) -> torch.Tensor:
         return _fft_conv_full(x, self.h[channels], x.shape[-1])
 
+    def state_bytes(self) -> int:
+        """Bytes of the tensors this convolution keeps between steps (temporaries of a step not included)."""
+        return sum(t.numel() * t.element_size() for t in self._state())
+
+    def _state(self) -> list[torch.Tensor]:
+        return [self.h, self.x]
+
     def pending(self, t: int) -> torch.Tensor:
         """[B, C]: sum over s < t of h[t - s] x_s."""
         begin = self.clock()
@@ -89,6 +96,9 @@ class LazyConv(OnlineConv):
         # Products land here, then are summed: 2-3x faster on CPU than bmm's C tiny matrix-vector products.
         self.products = torch.empty_like(self.x)
 
+    def _state(self) -> list[torch.Tensor]:
+        return [*super()._state(), self.h_reversed, self.products]
+
     def _pending(self, t: int) -> torch.Tensor:
         # h[t - s] for s = 0..t-1 is h_reversed[L - 1 - t + s].
         lags = self.h_reversed[..., self.length - 1 - t : self.length - 1]
@@ -105,6 +115,9 @@ class _Accumulating(OnlineConv):
     def __init__(self, h: torch.Tensor, batch_size: int, clock: Callable[[], float] = time.perf_counter):
         super().__init__(h, batch_size, clock)
         self.acc = torch.zeros_like(self.x)
+
+    def _state(self) -> list[torch.Tensor]:
+        return [*super()._state(), self.acc]
 
     def _prefill(self, x: torch.Tensor, channels: slice) -> torch.Tensor:
         # One FFT gives the prompt's outputs and its contributions to every later position.
@@ -134,6 +147,9 @@ class FlashConv(_Accumulating):
     ):
         super().__init__(h, batch_size, clock)
         self.kernels = TileKernels(h, direct_max)
+
+    def _state(self) -> list[torch.Tensor]:
+        return [*super()._state(), *self.kernels.toeplitz.values(), *self.kernels.spectra.values()]
 
     def _push(self, t: int) -> None:
         i = t + 1

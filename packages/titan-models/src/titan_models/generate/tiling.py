@@ -28,11 +28,14 @@ def tiles(length: int, start: int = 0) -> Iterator[tuple[int, int]]:
 class TileKernels:
     """Per-size tile kernels of filters h [C, L]: a tile maps inputs x [C, B, U] to contributions [C, B, U].
 
-        The contribution of x[a] (input i - U + a) to output i + b is h[U + b - a]: a U x U Toeplitz block of
-        lags 1 .. 2U - 1. Small tiles multiply by it directly (a batched matmul); large ones multiply spectra:
-        irfft(rfft(x, 2U) * rfft(h[1 : 2U], 2U))[U - 1 : 2U - 1] (the circular wrap-around lands in the first
-        U - 1 outputs, which are not read). The crossover (`direct_max`) is a matter of speed only: FFT tiles won
+    The contribution of x[a] (input i - U + a) to output i + b is h[U + b - a]: a U x U Toeplitz block of
+    lags 1 .. 2U - 1. Small tiles multiply by it directly (a batched matmul); large ones multiply spectra:
+    irfft(rfft(x, 2U) * rfft(h[1 : 2U], 2U))[U - 1 : 2U - 1] (the circular wrap-around lands in the first
+    U - 1 outputs, which are not read). The crossover (`direct_max`) is a matter of speed only: FFT tiles win
     from U = 8 or 16 on one CPU thread for 128 to 1024 channels.
+
+    Memory: one kernel per size U = 1, 2, 4, .. < L: U + 1 complex bins per FFT size and U^2 values per
+    direct size, so sum_U (U + 1) < L + log2 L complex numbers per channel -- O(L), like the history itself.
     """
 
     def __init__(self, h: torch.Tensor, direct_max: int = 8):

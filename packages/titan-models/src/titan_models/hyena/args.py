@@ -18,7 +18,8 @@ class HyenaArgs:
     order: int = 2
     """Hyena order N: N + 1 projections (gates x_0..x_{N-1} and the value v) and N - 1 long convolutions."""
     short_filter_len: int = 3
-    """Taps of the causal depthwise convolution applied to the projections."""
+    """Taps of the causal depthwise convolution applied to the projections (1: no history, a per-channel
+    scale and bias)."""
     filter_emb_dim: int = 33
     """Positional features fed to the implicit filter: a ramp plus (filter_emb_dim - 1) / 2 sin/cos pairs (odd)."""
     filter_order: int = 64

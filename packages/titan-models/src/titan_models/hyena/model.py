@@ -26,6 +26,17 @@ class HyenaOperator(nn.Module):
     x_0 .. x_{N-1}, v = split(short_conv(in_proj(u)))
     for i, x_j in enumerate(reversed(x_1 .. x_{N-1})):  v = h_i * (v . x_j) + D_i (v . x_j)
     out = out_proj(v . x_0)
+
+    Order convention (safari's): order N means N gates x_0 .. x_{N-1} and N - 1 long convolutions, so the
+    default N = 2 is one long convolution between two gates (x_1 before it, x_0 after it). Some texts count
+    the long convolutions instead; their "order 2" is our order 3.
+
+    Filter length scaling: h_i[k] depends on the lag k alone, through k / filter_len (positional features)
+    and a decay window exp(-rate * k / filter_len) that reaches 1% at lag decay_fast * filter_len (fastest
+    channel) to decay_slow * filter_len (slowest). The filters' reach is therefore set by filter_len, not by
+    the sequence: past ~decay_slow * filter_len every channel's filter is effectively zero and the layer
+    acts as a short convolution. To keep filters long at length L, set filter_len ~ L (flavor "debug_long"
+    does it for 64k).
     """
 
     def __init__(self, args: HyenaArgs):

@@ -52,6 +52,9 @@ class Llama3Args:
     """Llama 3.1 long-context frequency scaling; None for plain RoPE."""
     max_seq_len: int = 2048
     """Length of the precomputed RoPE table; positions must be smaller than this."""
+    tie_word_embeddings: bool = False
+    """The output projection reuses the token embedding matrix (Llama 3.2 1B / 3B): one parameter, read
+    by both, its gradient the sum of both uses."""
     depth_init: bool = True
     """If True the output projections of block i use std 0.02 / sqrt(2 * (i + 1)); if False every block
     uses 0.02 / sqrt(2 * n_layers). Both keep the residual stream's variance from growing with depth."""
@@ -102,6 +105,8 @@ class Llama3Args:
                 f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
                 f"each key/value head must serve the same number of query heads"
             )
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"Llama3Args.tie_word_embeddings={self.tie_word_embeddings!r} must be true or false")
         if self.ffn_dim_multiplier is not None and not self.ffn_dim_multiplier > 0:
             raise ValueError(f"Llama3Args.ffn_dim_multiplier={self.ffn_dim_multiplier!r} must be > 0 or None")
         if self.ffn_hidden_dim is not None and (not isinstance(self.ffn_hidden_dim, int) or self.ffn_hidden_dim <= 0):

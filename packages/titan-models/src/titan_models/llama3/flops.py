@@ -11,11 +11,12 @@ def num_params(model: nn.Module, exclude_embedding: bool = True) -> int:
     """Parameters of `model` (works on the meta device and on DTensors, whose numel is global).
 
     The token embedding is a lookup, not a matmul, so it is excluded from FLOP estimates by default; the
-    untied output projection is a matmul and is counted.
+    output projection is a matmul and is counted (a tied one once, as the output projection).
     """
     total = sum(p.numel() for p in model.parameters())
-    embeddings = getattr(model, "tok_embeddings", None)
-    if exclude_embedding and embeddings is not None:
+    embeddings, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    tied = embeddings is not None and output is not None and output.weight is embeddings.weight
+    if exclude_embedding and embeddings is not None and not tied:
         total -= embeddings.weight.numel()
     return total
 
@@ -27,7 +28,7 @@ def count_params(args: Llama3Args, exclude_embedding: bool = True) -> int:
     feed_forward = 3 * args.dim * args.hidden_dim
     norms = 2 * args.dim
     total = args.n_layers * (attention + feed_forward + norms) + args.dim + args.vocab_size * args.dim
-    if not exclude_embedding:
+    if not exclude_embedding and not args.tie_word_embeddings:
         total += args.vocab_size * args.dim
     return total
 

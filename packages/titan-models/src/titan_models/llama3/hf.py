@@ -1,7 +1,12 @@
 """Mapping between our Llama 3 state dict and Hugging Face's LlamaForCausalLM, one tensor at a time.
 
 Converters stream: they ask for each tensor's new name and new value without holding a whole state dict.
+config.json <-> Llama3Args is hf_config.py.
 titan-checkpoint finds this adapter through the "titan.hf_adapters" entry point, never by import.
+
+Tied embeddings (Llama 3.2 1B / 3B): Hugging Face stores the matrix once, as model.embed_tokens.weight;
+our state dict names it twice (tok_embeddings.weight and output.weight, one parameter). `aliases()` says
+so: an export skips output.weight, an import fills it from the embedding.
 
 Rotary layout: our wq/wk rows for each head are ordered as adjacent pairs (Meta's complex layout); HF
 pairs row k with row k + head_dim / 2 (rotate_half). to_hf permutes q/k rows the way Hugging Face's
@@ -17,8 +22,9 @@ from typing import Any
 
 import torch
 
-from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.flavors import FLAVORS
+from titan_models.llama3.hf_config import args_from_dict, args_from_hf_config, hf_config
 
 _TOP_LEVEL = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -55,6 +61,9 @@ def _halves_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 class Llama3HFAdapter:
     """Names and tensors of one Llama 3 shape, ours <-> Hugging Face."""
 
+    architectures = ("LlamaForCausalLM",)
+    """The config.json `architectures` this adapter reads (how an HF folder finds its adapter)."""
+
     def __init__(self, args: Llama3Args):
         args.validate()
         self.args = args
@@ -69,17 +78,32 @@ class Llama3HFAdapter:
     @classmethod
     def from_args_dict(cls, fields: dict[str, Any]) -> Llama3HFAdapter:
         """From Llama3Args fields as plain data (e.g. stored in checkpoint metadata)."""
-        fields = dict(fields)
-        if isinstance(fields.get("rope_scaling"), dict):
-            fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
-        return cls(Llama3Args(**fields))
+        return cls(args_from_dict(fields))
+
+    @classmethod
+    def from_fingerprint(cls, fingerprint: dict[str, Any]) -> Llama3HFAdapter:
+        """From a checkpoint fingerprint whose args leave out max_seq_len (checkpoints written before the
+        full args were stored): the named flavor's context length, which training never shortens."""
+        fields = dict(fingerprint["args"])
+        flavor = FLAVORS.get(fingerprint.get("flavor", ""))
+        if "max_seq_len" not in fields and flavor is not None:
+            fields["max_seq_len"] = flavor.max_seq_len
+        return cls.from_args_dict(fields)
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> Llama3HFAdapter:
         return cls(args_from_hf_config(config))
 
-    def hf_config(self, dtype: torch.dtype | str = torch.bfloat16, **token_ids: int | None) -> dict[str, Any]:
+    def args_dict(self) -> dict[str, Any]:
+        """The args as plain data, for checkpoint metadata; from_args_dict reads it back."""
+        return asdict(self.args)
+
+    def hf_config(self, dtype: torch.dtype | str = torch.bfloat16, **token_ids: Any) -> dict[str, Any]:
         return hf_config(self.args, dtype, **token_ids)
+
+    def aliases(self) -> dict[str, str]:
+        """Our FQNs that name the same tensor as another FQN: {alias: the FQN Hugging Face stores}."""
+        return {"output.weight": "tok_embeddings.weight"} if self.args.tie_word_embeddings else {}
 
     def _layer(self, match: re.Match[str], key: str) -> int:
         layer = int(match.group(1))
@@ -123,97 +147,20 @@ class Llama3HFAdapter:
         return tensor if n_heads is None else _halves_to_interleaved(tensor, n_heads)
 
     def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {self.to_hf_key(k): self.to_hf_tensor(k, v) for k, v in state_dict.items()}
+        aliases = self.aliases()
+        return {self.to_hf_key(k): self.to_hf_tensor(k, v) for k, v in state_dict.items() if k not in aliases}
 
     def from_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {self.from_hf_key(k): self.from_hf_tensor(k, v) for k, v in state_dict.items()}
+        ours = {self.from_hf_key(k): self.from_hf_tensor(k, v) for k, v in state_dict.items()}
+        if self.args.tie_word_embeddings and "lm_head.weight" in state_dict:
+            # Some tied folders also store lm_head.weight; it must be the embedding, or the model is untied.
+            if not torch.equal(state_dict["lm_head.weight"], state_dict["model.embed_tokens.weight"]):
+                raise ValueError("tie_word_embeddings=true but lm_head.weight differs from model.embed_tokens.weight")
+        ours.update({alias: ours[source] for alias, source in self.aliases().items()})
+        return ours
 
     def hf_keys(self) -> list[str]:
         """Every tensor name a complete LlamaForCausalLM checkpoint of this shape holds."""
         per_layer = [f"model.layers.{i}.{name}" for i in range(self.args.n_layers) for name in _PER_LAYER.values()]
-        return ["model.embed_tokens.weight", *per_layer, "model.norm.weight", "lm_head.weight"]
-
-
-def hf_config(
-    args: Llama3Args,
-    dtype: torch.dtype | str = torch.bfloat16,
-    bos_token_id: int | None = None,
-    eos_token_id: int | list[int] | None = None,
-) -> dict[str, Any]:
-    """config.json for LlamaForCausalLM with the shape of `args`; dtype: that of the exported tensors."""
-    config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": args.dim,
-        "intermediate_size": args.hidden_dim,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.num_kv_heads,
-        "num_hidden_layers": args.n_layers,
-        "head_dim": args.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta,
-        "rope_scaling": None,
-        "vocab_size": args.vocab_size,
-        "max_position_embeddings": args.max_seq_len,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-    if args.rope_scaling is not None:
-        config["rope_scaling"] = {"rope_type": "llama3", **asdict(args.rope_scaling)}
-    if bos_token_id is not None:
-        config["bos_token_id"] = bos_token_id
-    if eos_token_id is not None:
-        config["eos_token_id"] = eos_token_id
-    return config
-
-
-def args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
-    """Llama3Args for a LlamaForCausalLM config.json (rope settings in either the rope_scaling / rope_theta
-    keys or transformers 5's rope_parameters)."""
-    architectures = config.get("architectures") or ["LlamaForCausalLM"]
-    if "LlamaForCausalLM" not in architectures:
-        raise ValueError(f"config architectures={architectures} is not LlamaForCausalLM")
-    if config.get("tie_word_embeddings", False):
-        raise ValueError("config tie_word_embeddings=true is not supported: Llama3Args has an untied output layer")
-    for bias in ("attention_bias", "mlp_bias"):
-        if config.get(bias, False):
-            raise ValueError(f"config {bias}=true is not supported: our Llama 3 projections have no bias")
-    dim, n_heads = config["hidden_size"], config["num_attention_heads"]
-    if config.get("head_dim") not in (None, dim // n_heads):
-        raise ValueError(
-            f"config head_dim={config['head_dim']} differs from hidden_size / num_attention_heads = "
-            f"{dim // n_heads}; not supported"
-        )
-
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type == "llama3":
-        scaling = RopeScaling(
-            factor=rope["factor"],
-            low_freq_factor=rope["low_freq_factor"],
-            high_freq_factor=rope["high_freq_factor"],
-            original_max_position_embeddings=rope["original_max_position_embeddings"],
-        )
-    elif rope_type == "default":
-        scaling = None
-    else:
-        raise ValueError(f"config rope_type={rope_type!r} is not supported; expected 'llama3' or 'default'")
-
-    args = Llama3Args(
-        dim=dim,
-        n_layers=config["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=config.get("num_key_value_heads", n_heads),
-        vocab_size=config["vocab_size"],
-        ffn_hidden_dim=config["intermediate_size"],
-        norm_eps=config.get("rms_norm_eps", 1e-5),
-        rope_theta=rope_theta,
-        rope_scaling=scaling,
-        max_seq_len=config.get("max_position_embeddings", 2048),
-    )
-    args.validate()
-    return args
+        head = [] if self.args.tie_word_embeddings else ["lm_head.weight"]
+        return ["model.embed_tokens.weight", *per_layer, "model.norm.weight", *head]

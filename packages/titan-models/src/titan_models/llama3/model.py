@@ -153,7 +153,24 @@ class Llama3(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
         self.positions: torch.Tensor | None = None
+
+    def tie_weights(self) -> None:
+        """With args.tie_word_embeddings, make output.weight the embedding's own parameter. Called again by
+        init_weights, once the model is parallelized and materialized: to_empty() and tensor parallelism
+        give each module a tensor of its own (TP shards both alike, over the vocabulary)."""
+        if not self.args.tie_word_embeddings:
+            return
+        if (self.tok_embeddings is None) != (self.output is None):
+            # A pipeline split put them in different stages: each stage would train its own copy.
+            raise ValueError(
+                "Llama3Args.tie_word_embeddings=True needs the token embedding and the output projection in "
+                "one pipeline stage, but this part holds only one of them; train a tied model without pipeline "
+                "parallelism (parallelism.pipeline_parallel_degree = 1)"
+            )
+        if self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def set_positions(self, positions: torch.Tensor | None) -> None:
         """The global positions of the tokens this model will be given, [seqlen], when it sees a slice of
@@ -176,17 +193,20 @@ class Llama3(nn.Module):
         """
         buffer_device = buffer_device or self.freqs_cis.device
         self.freqs_cis = self._precompute_freqs_cis(buffer_device)
+        self.tie_weights()
 
         init = SeededInit(self, torch.initial_seed() if seed is None else seed)
-        if self.tok_embeddings is not None:
+        # A tied matrix is drawn once, as the output projection: std 1 would make the logits huge.
+        if self.tok_embeddings is not None and not self.args.tie_word_embeddings:
             init.normal_(self.tok_embeddings.weight, std=1.0)
         for layer in self.layers.values():
             layer.init_weights(init)
         if self.norm is not None:
             self.norm.reset_parameters()
-        if self.output is not None:
+        output = self.output or (self.tok_embeddings if self.args.tie_word_embeddings else None)
+        if output is not None:
             std = self.args.dim**-0.5
-            init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+            init.trunc_normal_(output.weight, std=std, a=-3 * std, b=3 * std)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.

@@ -17,6 +17,10 @@ def llama3_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
     Between blocks activations are sharded on the sequence dim (Shard(1)); attention and the MLP all-gather
     them, split heads / hidden units column-wise, and reduce-scatter back through the row-wise wo / w2.
     With loss_parallel the logits stay sharded over the vocabulary for a loss-parallel cross entropy.
+
+    Tied embeddings need nothing more: the embedding (row-wise) and the output projection (column-wise)
+    both shard the one matrix over the vocabulary, Shard(0), so Llama3.init_weights re-ties them as one
+    parameter with one layout.
     """
     # Imported here: model code stays importable and usable without torch.distributed.
     from torch.distributed.tensor import Replicate, Shard

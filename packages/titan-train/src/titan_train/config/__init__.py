@@ -1,7 +1,7 @@
 """The training config: TOML recipes + `--section.key value` overrides -> validated JobConfig."""
 
 from titan_train.config.cli_args import CommandLine, help_text, parse_argv
-from titan_train.config.loader import ConfigError, build_config, read_toml, to_toml
+from titan_train.config.loader import ConfigError, build_config, read_toml, to_dict, to_toml
 from titan_train.config.sections import JobConfig
 from titan_train.config.validate import validate
 
@@ -23,6 +23,7 @@ __all__ = [
     "load_config",
     "parse_argv",
     "read_toml",
+    "to_dict",
     "to_toml",
     "validate",
 ]

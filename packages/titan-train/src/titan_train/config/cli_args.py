@@ -10,6 +10,7 @@ from titan_train.config.loader import ConfigError, sections
 
 ACTIONS = {
     "--help": "show this help (every config field with its type, default and meaning) and exit",
+    "--version": "print the installed titan-train version and exit",
     "--print-config": "print the resolved config as TOML and exit",
     "--dry-run": "validate the config and the parallel layout, print both, and exit before any training",
 }
@@ -20,6 +21,7 @@ class CommandLine:
     config_file: str | None = None
     overrides: dict[str, str] = field(default_factory=dict)
     help: bool = False
+    version: bool = False
     print_config: bool = False
     dry_run: bool = False
 
@@ -33,6 +35,9 @@ def parse_argv(argv: list[str]) -> CommandLine:
         i += 1
         if arg in ("-h", "--help"):
             cmd.help = True
+            continue
+        if arg == "--version":
+            cmd.version = True
             continue
         if arg == "--print-config":
             cmd.print_config = True
@@ -75,10 +80,26 @@ def _type_name(hint) -> str:
     return hint.__name__
 
 
+EXAMPLES = """\
+examples:
+  titan-train --training.steps 20                      the debug model on the embedded data, 20 steps
+  titan-train --config recipe.toml --optimizer.lr 3e-4 a recipe with one value overridden
+  titan-train --config recipe.toml --dry-run --parallelism.tensor_parallel_degree 2
+                                                       check a layout without training
+  torchrun --nproc_per_node 4 -m titan_train --config recipe.toml --checkpoint.enable true
+  titan-train plot outputs/run_a outputs/run_b         loss, tokens/s and memory of two runs in one PNG
+
+exit codes: 0 done, 2 a usage or config mistake (nothing ran), 1 the run failed.
+Every run writes <job.dump_folder>/config.toml (what it ran with) and metrics.jsonl."""
+
+
 def help_text() -> str:
     lines = [
         "usage: titan-train --config RECIPE.toml [--section.key VALUE ...] [--print-config] [--dry-run]",
         "       torchrun --nproc_per_node N -m titan_train --config RECIPE.toml ...",
+        "       titan-train plot DUMP_FOLDER [DUMP_FOLDER ...] [--out metrics.png]",
+        "",
+        EXAMPLES,
         "",
         'Values from the recipe (TOML; `extends = "other.toml"` inherits) are overridden by the command line.',
         "Booleans take true/false, lists are comma-separated.",

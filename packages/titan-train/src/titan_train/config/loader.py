@@ -32,7 +32,7 @@ def all_keys() -> list[str]:
     return [f"{s}.{f.name}" for s, cls in sections().items() for f in dataclasses.fields(cls)]
 
 
-def _did_you_mean(name: str, choices) -> str:
+def did_you_mean(name: str, choices) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -76,7 +76,7 @@ def _coerce(value, hint, key: str):
         if value not in choices:
             allowed = ", ".join(repr(c) for c in choices)
             raise ConfigError(
-                f"{key}={value!r} is not allowed; use one of {allowed}{_did_you_mean(str(value), choices)}"
+                f"{key}={value!r} is not allowed; use one of {allowed}{did_you_mean(str(value), choices)}"
             )
         return value
     if origin is list:
@@ -120,12 +120,12 @@ def _coerce(value, hint, key: str):
 def _apply(config: JobConfig, section: str, key: str, value, source: str) -> None:
     known = sections()
     if section not in known:
-        raise ConfigError(f"{source}: unknown config section [{section}]{_did_you_mean(section, known)}")
+        raise ConfigError(f"{source}: unknown config section [{section}]{did_you_mean(section, known)}")
     cls = known[section]
     hints = typing.get_type_hints(cls)
     if key not in hints:
         full = f"{section}.{key}"
-        raise ConfigError(f"{source}: unknown config key {full!r}{_did_you_mean(full, all_keys())}")
+        raise ConfigError(f"{source}: unknown config key {full!r}{did_you_mean(full, all_keys())}")
     setattr(getattr(config, section), key, _coerce(value, hints[key], f"{section}.{key}"))
 
 
@@ -137,7 +137,7 @@ def build_config(
     for section, values in (toml or {}).items():
         if not isinstance(values, dict):
             raise ConfigError(
-                f"{source}: top-level key {section!r} must be a [section]{_did_you_mean(section, sections())}"
+                f"{source}: top-level key {section!r} must be a [section]{did_you_mean(section, sections())}"
             )
         for key, value in values.items():
             _apply(config, section, key, value, source)
@@ -145,7 +145,7 @@ def build_config(
         section, _, key = dotted.partition(".")
         if not key:
             raise ConfigError(
-                f"command line: option --{dotted} must have the form --section.key{_did_you_mean(dotted, all_keys())}"
+                f"command line: option --{dotted} must have the form --section.key{did_you_mean(dotted, all_keys())}"
             )
         _apply(config, section, key, value, "command line")
     return config

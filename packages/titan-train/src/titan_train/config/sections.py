@@ -16,7 +16,8 @@ class Job:
     name: str = "titan"
     """Run name, used in logs."""
     dump_folder: str = "./outputs"
-    """Folder for everything the run writes: metrics.jsonl, checkpoints, traces."""
+    """Folder for everything the run writes: config.toml and run.json (the run's record: the config it ran with,
+    its id and restarts), metrics.jsonl, checkpoints, traces."""
     description: str = ""
     """Free text describing the run."""
 
@@ -26,7 +27,9 @@ class Model:
     name: str = "llama3"
     """Model family registered in titan-models: llama3 or hyena."""
     flavor: str = "debug"
-    """Size of the model within its family (llama3: tiny, debug, 8B, 70B, 405B; hyena: tiny, debug, 125M)."""
+    """Size of the model within its family (llama3: tiny, tiny8, tiny-3.1, tiny-3.2, debug, 1B, 3B, 8B, 70B,
+    405B, or hf:<folder> for the shape in a Hugging Face folder's config.json; hyena: tiny, debug, debug_long,
+    125M)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
 
@@ -190,6 +193,15 @@ class Metrics:
     enable_tensorboard: bool = False
     """Write every logged metric as a TensorBoard scalar under <dump_folder>/tb/<job.name>/rank<R>
     (view with: tensorboard --logdir <dump_folder>/tb)."""
+    enable_wandb: bool = False
+    """Also log every metric to Weights & Biases, from rank 0 (needs `pip install 'titan-debug[wandb]'`): one W&B
+    run per training run, its id the run id in <dump_folder>/run.json (a resumed run continues it), its files
+    under <dump_folder>/wandb."""
+    wandb_project: str = "titan"
+    """W&B project the run is logged to."""
+    wandb_mode: Literal["online", "offline"] = "online"
+    """"online" streams to the W&B server (after `wandb login`, or with WANDB_API_KEY set); "offline" writes
+    only to <dump_folder>/wandb (upload later with `wandb sync`)."""
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Checks across fields, run before any process group, model or data exists."""
 
-from titan_train.config.loader import ConfigError
+import importlib.util
+
+from titan_train.config.loader import ConfigError, did_you_mean
 from titan_train.config.sections import JobConfig
 
 
@@ -54,6 +56,11 @@ def validate(config: JobConfig) -> None:
         value = getattr(p, name)
         _require(value >= 1, f"parallelism.{name}={value} must be >= 1")
     _require(
+        p.pipeline_parallel_layers_per_stage >= 0,
+        f"parallelism.pipeline_parallel_layers_per_stage={p.pipeline_parallel_layers_per_stage} must be >= 1, "
+        "or 0 for one stage per rank",
+    )
+    _require(
         p.data_parallel_shard_degree == -1 or p.data_parallel_shard_degree >= 1,
         f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be >= 1, "
         "or -1 for the rest of the world",
@@ -63,8 +70,35 @@ def validate(config: JobConfig) -> None:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    _validate_switched_off_values(config)
+    if config.metrics.enable_wandb:
+        _require(
+            importlib.util.find_spec("wandb") is not None,
+            "metrics.enable_wandb=true needs the wandb package: pip install 'titan-debug[wandb]' (or set it to false)",
+        )
     _validate_model(config)
     _validate_inputs(config)
+
+
+def _validate_switched_off_values(config: JobConfig) -> None:
+    """Values of features that are off are checked too: a typo is a typo, and it would surface only on the day
+    the feature is turned on, far from where it was written."""
+    from titan_parallel import SCHEDULES, ActivationCheckpoint
+
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if schedule.lower() not in {name.lower() for name in SCHEDULES}:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}"
+            f"{did_you_mean(schedule, SCHEDULES)}"
+        )
+    option = str(config.activation_checkpoint.selective_ac_option)
+    try:
+        ActivationCheckpoint("selective", option)
+    except ValueError:
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option={option!r} is not supported; use 'op' (per-op selective "
+            "AC) or a positive integer N as a string (checkpoint every N-th block)"
+        ) from None
 
 
 def _validate_model(config: JobConfig) -> None:

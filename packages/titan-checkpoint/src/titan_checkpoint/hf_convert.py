@@ -1,0 +1,72 @@
+"""A Hugging Face model folder -> a DCP checkpoint (`titan-checkpoint import HF_DIR OUT`).
+
+The model comes from the folder's config.json alone (its adapter found by `architectures`); the result is
+`OUT/step-0`, model only, which `checkpoint.initial_load_path` (or a run resuming in OUT) loads on any
+parallel layout: DCP reshards. The folder's tokenizer files go to OUT/tokenizer. titan_meta.json carries
+the model's description ("model": name and complete args) so titan-generate and the export need nothing
+else; it has no fingerprint, so a run checks the model by what it is (its config.json fields) rather
+than by flavor name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titan_checkpoint.adapters import adapter_from_hf_folder
+from titan_checkpoint.errors import CheckpointError
+from titan_checkpoint.folder import complete_steps
+from titan_checkpoint.hf_export import _dtype
+from titan_checkpoint.hf_import import load_hf_safetensors
+from titan_checkpoint.hf_tokenizer import TOKENIZER_FILES
+from titan_checkpoint.saving import save_checkpoint
+
+logger = logging.getLogger("titan.checkpoint")
+
+TOKENIZER_DIR = "tokenizer"
+
+
+class _Tensors:
+    """A plain dict of tensors as a Stateful "model" state."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError("an import only writes")
+
+
+def import_hf_checkpoint(
+    folder: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
+) -> Path:
+    """Write the Hugging Face model in `folder` as the DCP checkpoint `out/step-0` and return its path.
+    dtype: of the written tensors (default: as stored in the folder)."""
+    folder, out = Path(folder), Path(out)
+    if complete_steps(out):
+        raise CheckpointError(f"import destination {out} already holds checkpoints; choose an empty folder")
+    name, adapter = adapter_from_hf_folder(folder)
+    cast = None if dtype is None else _dtype(dtype)
+    # Every tensor in memory at once: DCP writes one state dict. Tied tensors are held once, named twice.
+    tensors = dict(load_hf_safetensors(folder, adapter))
+    if cast is not None:
+        tensors = {fqn: tensor.to(cast) for fqn, tensor in tensors.items()}
+    args = adapter.args_dict() if hasattr(adapter, "args_dict") else None
+    model = {"name": name, "args": args, "source": str(folder.resolve())}
+    tokenizer_files = [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    if tokenizer_files:
+        # Beside the steps, so the checkpoint alone can be generated from; the path is relative to `out`.
+        (out / TOKENIZER_DIR).mkdir(parents=True, exist_ok=True)
+        for file in tokenizer_files:
+            shutil.copyfile(file, out / TOKENIZER_DIR / file.name)
+        model["tokenizer"] = TOKENIZER_DIR
+    path = save_checkpoint(out, 0, {"model": _Tensors(tensors)}, model=model)
+    logger.info(f"checkpoint: imported {folder} ({name}, {len(tensors)} tensors) as {path}")
+    return path
