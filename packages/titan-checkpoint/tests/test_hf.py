@@ -18,6 +18,7 @@ from titan_checkpoint import (
     load_hf_safetensors,
 )
 from titan_checkpoint import hf_export as hf_export_module
+from titan_checkpoint import progress as progress_module
 from titan_checkpoint.cli import main
 
 
@@ -163,10 +164,21 @@ def test_one_model_safetensors_file_by_default(trained, tmp_path, toy_adapter_re
 
 
 def test_export_logs_progress_while_it_writes(trained, tmp_path, toy_adapter_registered, monkeypatch, caplog):
-    monkeypatch.setattr(hf_export_module, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(progress_module, "PROGRESS_SECONDS", 0.0)
     with caplog.at_level("INFO", logger="titan.checkpoint"):
         export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
     progress = [r.message for r in caplog.records if "exporting to" in r.message]
+    assert len(progress) == len(ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs()).hf_keys()) and "(100%" in progress[-1]
+
+
+def test_import_logs_progress_while_it_reads(trained, tmp_path, toy_adapter_registered, monkeypatch, caplog):
+    from titan_checkpoint import import_hf_checkpoint
+
+    export_safetensors(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    monkeypatch.setattr(progress_module, "PROGRESS_SECONDS", 0.0)
+    with caplog.at_level("INFO", logger="titan.checkpoint"):
+        import_hf_checkpoint(tmp_path / "hf", tmp_path / "imported")
+    progress = [r.message for r in caplog.records if "importing" in r.message]
     assert len(progress) == len(ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs()).hf_keys()) and "(100%" in progress[-1]
 
 

@@ -10,6 +10,7 @@ than by flavor name.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -22,8 +23,9 @@ from titan_checkpoint.adapters import adapter_from_hf_folder
 from titan_checkpoint.errors import CheckpointError
 from titan_checkpoint.folder import complete_steps
 from titan_checkpoint.hf_export import _dtype
-from titan_checkpoint.hf_import import load_hf_safetensors
+from titan_checkpoint.hf_import import hf_weight_files, load_hf_safetensors
 from titan_checkpoint.hf_tokenizer import TOKENIZER_FILES
+from titan_checkpoint.progress import ByteProgress
 from titan_checkpoint.saving import save_checkpoint
 
 logger = logging.getLogger("titan.checkpoint")
@@ -44,6 +46,17 @@ class _Tensors:
         raise NotImplementedError("an import only writes")
 
 
+def _tensor_bytes(files: set[Path]) -> int:
+    """The tensor bytes the safetensors files hold, from their headers (8-byte length, then JSON)."""
+    total = 0
+    for file in files:
+        with open(file, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(end - start for key, entry in header.items() if key != "__metadata__"
+                     for start, end in [entry["data_offsets"]])  # fmt: skip
+    return total
+
+
 def import_hf_checkpoint(
     folder: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
 ) -> Path:
@@ -55,7 +68,12 @@ def import_hf_checkpoint(
     name, adapter = adapter_from_hf_folder(folder)
     cast = None if dtype is None else _dtype(dtype)
     # Every tensor in memory at once: DCP writes one state dict. Tied tensors are held once, named twice.
-    tensors = dict(load_hf_safetensors(folder, adapter))
+    progress = ByteProgress(_tensor_bytes(set(hf_weight_files(folder).values())), f"importing {folder}")
+    tensors = {}
+    for fqn, tensor in load_hf_safetensors(folder, adapter):
+        if all(tensor is not seen for seen in tensors.values()):  # a tied tensor comes again under its alias
+            progress.add(tensor.numel() * tensor.element_size())
+        tensors[fqn] = tensor
     if cast is not None:
         tensors = {fqn: tensor.to(cast) for fqn, tensor in tensors.items()}
     args = adapter.args_dict() if hasattr(adapter, "args_dict") else None

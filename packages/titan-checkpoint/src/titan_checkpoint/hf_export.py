@@ -30,12 +30,12 @@ from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, Che
 from titan_checkpoint.folder import read_meta, resolve_checkpoint
 from titan_checkpoint.hf_import import INDEX_FILE
 from titan_checkpoint.hf_tokenizer import ExportedTokenizer
+from titan_checkpoint.progress import ByteProgress
 from titan_checkpoint.storage import SafeFileSystemReader, SafeLoadPlanner, read_dcp_metadata, verify_files
 
 logger = logging.getLogger("titan.checkpoint")
 
 SINGLE_FILE = "model.safetensors"
-PROGRESS_SECONDS = 10.0
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -93,24 +93,6 @@ def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int) -> list[lis
     return shards
 
 
-class _Progress:
-    """An info line every PROGRESS_SECONDS while a large export writes, and one at the end."""
-
-    def __init__(self, total_bytes: int, out: Path):
-        self.total, self.out, self.done = total_bytes, out, 0
-        self.start = self.last = time.perf_counter()
-
-    def add(self, nbytes: int) -> None:
-        self.done += nbytes
-        now = time.perf_counter()
-        if now - self.last >= PROGRESS_SECONDS:
-            self.last = now
-            logger.info(
-                f"checkpoint: exporting to {self.out}: {self.done / 1e9:.2f} / {self.total / 1e9:.2f} GB "
-                f"({100 * self.done / max(self.total, 1):.0f}%, {now - self.start:.0f}s)"
-            )
-
-
 def _recorded_tokenizer(checkpoint: Path, meta: dict[str, Any]) -> Path | None:
     """The tokenizer the checkpoint's model description names (a path; relative ones are beside the steps),
     if it is there."""
@@ -165,7 +147,7 @@ def export_safetensors(
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = _shard_plan(entries, itemsize, max_bytes)
-    progress = _Progress(sum(info.size.numel() for _, _, info in entries) * itemsize, out)
+    progress = ByteProgress(sum(info.size.numel() for _, _, info in entries) * itemsize, f"exporting to {out}")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
