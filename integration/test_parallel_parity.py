@@ -204,4 +204,6 @@ def test_unequal_layout_fails_fast(tmp_root):
     options = ["--parallelism.tensor_parallel_degree", "4"]
     proc = run_script("parity_driver.py", [f"{tmp_root}/never.pt", *MODEL, *options], nproc=4, timeout=120)
     assert proc.returncode != 0
-    assert "parallelism.tensor_parallel_degree=4 does not divide model.n_kv_heads=2; use 1 or 2" in proc.stderr
+    assert "parallelism.tensor_parallel_degree=4 does not divide n_kv_heads=2 (model.flavor='tiny'); use 1 or 2" in (
+        proc.stderr
+    )
