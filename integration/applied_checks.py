@@ -57,7 +57,11 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     simple = o.get("parallelism.fsdp_implementation") == "simple_fsdp"
     fsdp2 = not simple and shard * cp > 1
     ddp = not simple and not fsdp2 and replicate > 1
+    if o.get("activation_checkpoint.mode") == "auto":
+        _assert_auto_checkpoints(part, o, where)
     for fqn, block in part["blocks"].items():
+        if o.get("activation_checkpoint.mode") == "auto":
+            continue
         assert block["checkpoint"] == _expected_checkpoint(o, fqn), f"{where} {fqn}: checkpoint {block['checkpoint']}"
         assert block["compiled"] == (o.get("compile.enable") == "true"), f"{where} {fqn}: compiled"
         assert (block["fsdp"] is not None) == fsdp2, f"{where} {fqn}: fsdp unit {block['fsdp']}"
@@ -67,6 +71,11 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
     expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
     assert part["ring_attention"] == expected_ring, f"{where}: ring attention in {part['ring_attention']}"
+    chunk = int(o.get("training.loss_chunk_tokens", 0))
+    holds_head = "output.weight" in part["params"]
+    want_chunk = chunk if chunk and holds_head else None
+    got_chunk = part["loss_chunk_tokens"]
+    assert got_chunk == want_chunk, f"{where}: loss chunks of {got_chunk} tokens, expected {want_chunk}"
     linear = set(part["linear_classes"])
     if o.get("float8.enable") == "true":
         assert any("Float8" in name for name in linear), f"{where}: linear classes {linear}"
@@ -87,7 +96,7 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
                 assert sharded_on.get("tp") == want, f"{where} {name}: tp placement {p}"
                 style = part["tp_styles"].get(name.removesuffix(".weight"))
                 kind = "Colwise" if layer in COLWISE else "Rowwise"
-                want = f"{'Float8' if float8_collectives(o) else ''}{kind}Parallel"
+                want = f"{'Float8' if float8_collectives(o) else 'Async' if titan_async_tp(o) else ''}{kind}Parallel"
                 assert style == want, f"{where} {name}: tp style {style}, expected {want}"
     if tp == 1:
         assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
@@ -105,10 +114,37 @@ def _assert_fsdp_unit(unit: dict, o: dict, where: str, last_block: bool) -> None
     assert unit["reshard_after_forward"] == (reshard and not last_block), f"{where}: {unit}"
 
 
+def titan_async_tp(o: dict) -> bool:
+    """Titan's micro-pipelined styles: async TP asked for, not torch's SymmetricMemory pass (chosen by "auto" on
+    NCCL with inductor compile), and plain nn.Linear layers (Float8Linear keeps its own style and matmul)."""
+    if o.get("parallelism.enable_async_tensor_parallel") != "true" or o.get("float8.enable") == "true":
+        return False
+    implementation = o.get("parallelism.async_tensor_parallel_implementation", "auto")
+    symmetric_memory_runs = (
+        os.environ.get("TITAN_TEST_BACKEND", "gloo") == "nccl"
+        and o.get("compile.enable") == "true"
+        and o.get("compile.backend", "inductor") == "inductor"
+    )
+    return implementation == "titan" or (implementation == "auto" and not symmetric_memory_runs)
+
+
 def float8_collectives(o: dict) -> bool:
     """Float8 TP styles (float8 all-gathers) where the backend has a float8 dtype: NCCL. gloo refuses float8
     tensors ("Invalid scalar type"), so on CPU titan-float8 keeps the plain styles on purpose."""
     return o.get("float8.enable") == "true" and os.environ.get("TITAN_TEST_BACKEND", "gloo") == "nccl"
+
+
+def _assert_auto_checkpoints(part: dict, o: dict, where: str) -> None:
+    """mode "auto": the choice depends on a trace, not on the options alone, but it is a rung of the ladder
+    (most recompute first along the blocks: full, then op, then none), and a budget of 1 GiB or more leaves
+    the tiny models' blocks alone (their whole step needs about 0.01 GiB)."""
+    recompute = {"full": 2, "op": 1, None: 0}
+    kinds = [block["checkpoint"] for block in part["blocks"].values()]
+    assert all(kind in recompute for kind in kinds), f"{where}: checkpoints {kinds}"
+    order = [recompute[kind] for kind in kinds]
+    assert order == sorted(order, reverse=True), f"{where}: checkpoints {kinds} are not a rung of the ladder"
+    if float(o["activation_checkpoint.memory_budget_gib"]) >= 1:
+        assert kinds == [None] * len(kinds), f"{where}: checkpoints {kinds} under an ample budget"
 
 
 def _expected_checkpoint(o: dict, fqn: str) -> str | None:

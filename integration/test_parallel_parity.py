@@ -19,6 +19,7 @@ MODEL = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local
          "--training.steps", "5", "--metrics.log_freq", "1000"]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 
+ASYNC_TP = ("--parallelism.enable_async_tensor_parallel", "true")
 # (id, world size, data-parallel degree, options)
 CASES = [
     ("fsdp2", 2, 2, []),
@@ -46,6 +47,13 @@ CASES = [
     ("fsdp2_cp2_ac_op", 4, 2, ["--parallelism.context_parallel_degree", "2",
                                "--activation_checkpoint.mode", "selective"]),
     ("tp2_cp2", 4, 1, ["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
+    # Async TP: Titan's micro-pipelined styles (applied_checks expects AsyncColwise/AsyncRowwiseParallel).
+    ("tp2_async", 2, 1, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP]),
+    ("fsdp2_tp2_async_ac_op", 4, 2, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP,
+                                     "--activation_checkpoint.mode", "selective"]),
+    ("tp2_cp2_async_ac_full", 4, 1, ["--parallelism.context_parallel_degree", "2",
+                                     "--parallelism.tensor_parallel_degree", "2", *ASYNC_TP,
+                                     "--activation_checkpoint.mode", "full"]),
 ]  # fmt: skip
 
 SIMPLE = ["--parallelism.fsdp_implementation", "simple_fsdp"]
@@ -85,6 +93,7 @@ PP_CASES = [
      [*PP2, "--compile.enable", "true", "--parallelism.pipeline_parallel_layers_per_stage", "3"]),
     ("fsdp2_pp2_interleaved1f1b", 4, 2, (), [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
     ("tp2_pp2", 4, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
+    ("tp2_pp2_async", 4, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2", *ASYNC_TP]),
     ("simple_fsdp2_pp2", 4, 2, (), [*PP2, *SIMPLE]),
     ("fsdp2_tp2_pp2", 8, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2"]),
     ("pp2_tp2_cp2", 8, 1, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
@@ -97,6 +106,7 @@ TINY8 = ("--model.flavor", "tiny8")
 FLOAT8 = ("--float8.enable", "true", "--float8.emulate", "true")
 WIDE_CASES = [
     ("tp4", 4, 1, TINY8, ["--parallelism.tensor_parallel_degree", "4"]),
+    ("tp4_async", 4, 1, TINY8, ["--parallelism.tensor_parallel_degree", "4", *ASYNC_TP]),
     ("fsdp2_tp4_ac_op", 8, 2, TINY8, ["--parallelism.tensor_parallel_degree", "4",
                                       "--activation_checkpoint.mode", "selective"]),
     ("pp4_interleaved1f1b_microbatch2", 4, 1, (*TINY8, "--training.local_batch_size", "8"),
@@ -106,6 +116,8 @@ WIDE_CASES = [
     # Float8 (emulated on CPU: the same float8 rounding, matmuls in fp32) against single-process float8.
     ("fsdp2_float8_all_gather", 2, 2, FLOAT8, ["--float8.enable_fsdp_float8_all_gather", "true"]),
     ("tp2_float8", 2, 1, FLOAT8, ["--parallelism.tensor_parallel_degree", "2"]),
+    # Float8Linear keeps its plain TP style under async TP (its float8 matmul must run): the rest composes.
+    ("tp2_float8_async", 2, 1, FLOAT8, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP]),
     pytest.param("fsdp2_tp2_pp2_cp2", 16, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
                                                   "--parallelism.context_parallel_degree", "2"],
                  marks=pytest.mark.slow, id="fsdp2_tp2_pp2_cp2"),

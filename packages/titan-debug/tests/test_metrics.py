@@ -140,3 +140,10 @@ def test_rows_carry_the_run_fields_and_writers_get_every_record(tmp_path):
     assert list(row)[:4] == ["step", "time", "run_id", "restart"]
     assert row["run_id"] == "20260101-120000-abcdef" and row["restart"] == 2 and row["loss"] == 1.5
     assert writer.records == [(5, {"loss": 1.5})] and writer.closed
+
+
+def test_console_line_shows_validation_figures(tmp_path):
+    metrics = MetricsLogger(tmp_path, rank=0, total_steps=50)
+    line = metrics.format_line(10, {**RECORD, "validation_loss": 4.56789, "validation_perplexity": 96.3})
+    assert line.endswith("validation_loss 4.5679  validation_perplexity 96.30")
+    metrics.close()

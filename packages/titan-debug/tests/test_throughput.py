@@ -43,3 +43,13 @@ def test_lap_starts_a_new_window():
 def test_empty_window_is_zero_not_an_error():
     window = Throughput(clock=FakeClock()).lap()
     assert window.tokens_per_second == 0.0 and window.data_time_frac == 0.0
+
+
+def test_excluded_time_is_left_out_of_the_window():
+    clock = FakeClock()
+    throughput = Throughput(clock=clock)
+    throughput.add_tokens(1000)
+    clock.now += 1.0  # training
+    with throughput.excluded():
+        clock.now += 9.0  # e.g. an evaluation
+    assert throughput.lap().tokens_per_second == 1000.0

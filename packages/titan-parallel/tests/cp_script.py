@@ -9,6 +9,10 @@ model_*: a toy Llama-like transformer (RoPE on global positions, GQA, causal SDP
 through `apply_cp` (the attention modules swapped for ring attention) vs the same model on the unsharded
 batch: loss rtol 1e-5, every gradient
 atol 1e-5. Composed with FSDP (over dp_shard x cp), TP, AC, compile and the all-gather variant.
+ring_documents_*: block-causal (or same-document) ring attention over packed documents that straddle the
+load-balanced chunks, vs SDPA with the document mask on the whole sequence; at length 48 every row starts a
+document at the second chunk of cp 2, so whole blocks are skipped. model_*_documents: the toy model with
+document ids, likewise.
 pipeline_pp2_cp2: pp_toy's model pipelined (1F1B) over 2 stages with CP 2 inside each: same tolerances.
 """
 
@@ -66,6 +70,46 @@ def ring_case(mesh, causal: bool, gqa: bool, variant: str, kernel: str, seq_len:
     torch.testing.assert_close(unshard_sequence(out.detach(), mesh, seq_dim=2), expected.detach(), rtol=0, atol=1e-5)
 
 
+def document_ids(seq_len: int) -> torch.Tensor:
+    """[2, seq_len] document of each token: row 0 starts mid-document, both rows start one at token 12."""
+    if seq_len == 48:
+        rows = [[12, 7, 9, 20], [3, 9, 25, 1, 10]]
+    else:
+        rows = [[5, 1, seq_len - 6], [seq_len // 2 - 3, 7, seq_len // 2 - 4]]
+    return torch.stack([torch.cat([torch.full((n,), d) for d, n in enumerate(row)]) for row in rows])
+
+
+def document_mask(ids: torch.Tensor, causal: bool) -> torch.Tensor:
+    mask = ids[:, :, None] == ids[:, None, :]
+    if causal:
+        mask = mask & torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    return mask[:, None]
+
+
+def ring_documents_case(mesh, causal: bool, gqa: bool, variant: str, seq_len: int) -> None:
+    g = torch.Generator().manual_seed(seq_len + 10 * causal + 20 * gqa)
+    kv_heads = 2 if gqa else 4
+    q = torch.randn(2, 4, seq_len, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    grad_out = torch.randn(2, 4, seq_len, 8, generator=g)
+    ids = document_ids(seq_len)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(ids, causal), enable_gqa=gqa)
+    expected.backward(grad_out)
+
+    local = [t.detach().requires_grad_() for t in shard_sequence([q, k, v], mesh, seq_dim=2)]
+    local_ids = shard_sequence([ids], mesh)[0]
+    out = ring_attention(*local, mesh, causal, variant=variant, document_ids=local_ids)
+    out.backward(shard_sequence([grad_out], mesh, seq_dim=2)[0])
+    pairs = {
+        "out": (out, expected),
+        **{f"d{n}": (t.grad, r.grad) for n, t, r in zip("qkv", local, (q, k, v), strict=True)},
+    }
+    for name, (actual, full) in pairs.items():
+        reference = shard_sequence([full], mesh, seq_dim=2)[0]
+        torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def errors_case(mesh) -> None:
     cp = mesh.size()
     for call, words in [
@@ -95,8 +139,10 @@ class Attend(nn.Module):
 
     is_causal = True
 
-    def forward(self, q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+    def forward(self, q, k, v, document_ids=None):
+        if document_ids is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(document_ids, self.is_causal))
 
 
 class Block(nn.Module):
@@ -111,14 +157,14 @@ class Block(nn.Module):
         self.w1, self.w3 = nn.Linear(DIM, HIDDEN, bias=False), nn.Linear(DIM, HIDDEN, bias=False)
         self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, document_ids=None):
         bs, seq, _ = x.shape
         h = self.attention_norm(x)
         q, k, v = (w(h).view(bs, seq, -1, HEAD_DIM).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         q, k = rotate(q, rope), rotate(k, rope)
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = self.attend(q, k, v)
+        out = self.attend(q, k, v) if document_ids is None else self.attend(q, k, v, document_ids)
         x = x + self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -139,31 +185,34 @@ class ToyModel(nn.Module):
         self.norm = nn.RMSNorm(DIM)
         self.output = nn.Linear(DIM, VOCAB, bias=False)
 
-    def forward(self, tokens, positions):
+    def forward(self, tokens, positions, document_ids=None):
         angles = positions.float()[:, None] * 0.5 ** torch.arange(HEAD_DIM // 2).float()
         rope = (angles.cos(), angles.sin())
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, rope, document_ids=document_ids)
         return self.output(self.norm(h))
 
 
-def loss_and_grads(model, tokens, labels, positions):
-    loss = F.cross_entropy(model(tokens, positions).flatten(0, 1), labels.flatten())
+def loss_and_grads(model, tokens, labels, positions, ids=None):
+    loss = F.cross_entropy(model(tokens, positions, ids).flatten(0, 1), labels.flatten())
     loss.backward()
     grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
     return loss.detach(), grads
 
 
-def model_case(dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None, compile=False, seq_len=24, batch=4):
+def model_case(
+    dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None, compile=False, seq_len=24, batch=4, docs=False
+):
     mesh = dims.build_mesh("cpu")
     cp_mesh = dims.submesh("cp")
     g = torch.Generator().manual_seed(3)
     data = torch.randint(0, VOCAB, (batch, seq_len + 1), generator=g)
     tokens, labels = data[:, :-1], data[:, 1:]
+    ids = document_ids(seq_len).repeat(batch // 2, 1) if docs else None
     torch.manual_seed(0)
     reference = ToyModel()
-    ref_loss, ref_grads = loss_and_grads(reference, tokens, labels, torch.arange(seq_len))
+    ref_loss, ref_grads = loss_and_grads(reference, tokens, labels, torch.arange(seq_len), ids)
 
     torch.manual_seed(0)
     model = ToyModel()
@@ -183,8 +232,9 @@ def model_case(dims: ParallelDims, variant="p2p", fsdp=False, tp=False, ac=None,
     dp_rank, dp = dims.local_rank("dp"), dims.dp
     rows = slice(dp_rank * batch // dp, (dp_rank + 1) * batch // dp)
     tokens, labels = shard_sequence([tokens[rows], labels[rows]], cp_mesh)
+    ids = shard_sequence([ids[rows]], cp_mesh)[0] if docs else None
     positions = load_balanced_positions(seq_len, dims.cp, cp_mesh.get_local_rank())
-    loss, grads = loss_and_grads(model, tokens, labels, positions)
+    loss, grads = loss_and_grads(model, tokens, labels, positions, ids)
     # Every rank holds as many tokens: the mean of the ranks' means is the whole batch's mean.
     loss_group = dims.submesh("dp_cp").get_group()
     dist.all_reduce(loss, group=loss_group)
@@ -247,6 +297,9 @@ def cases(world: int) -> dict:
     ):
         name = f"ring_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_{kernel}_{seq_len}"
         found[name] = lambda a=(causal, gqa, variant, kernel, seq_len): ring_case(mesh, *a)
+    for causal, gqa, variant, seq_len in itertools.product((True, False), (False, True), ("p2p", "allgather"), (48,)):
+        name = f"ring_documents_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_{seq_len}"
+        found[name] = lambda a=(causal, gqa, variant, seq_len): ring_documents_case(mesh, *a)
     found["errors"] = lambda: errors_case(mesh)
     if world == 2:
         cp2 = lambda: ParallelDims(1, 1, 2, 1, 1, 2)  # noqa: E731
@@ -256,10 +309,17 @@ def cases(world: int) -> dict:
         found["model_cp2_ac_full"] = lambda: model_case(cp2(), ac=("full",))
         found["model_cp2_ac_op"] = lambda: model_case(cp2(), ac=("selective", "op"))
         found["model_cp2_compile"] = lambda: model_case(cp2(), compile=True)
+        found["model_cp2_documents"] = lambda: model_case(cp2(), docs=True, seq_len=48)
+        found["model_cp2_documents_ac_compile"] = lambda: model_case(
+            cp2(), docs=True, seq_len=48, ac=("full",), compile=True
+        )
     else:
         found["model_cp4"] = lambda: model_case(ParallelDims(1, 1, 4, 1, 1, 4))
         found["model_fsdp2_cp2"] = lambda: model_case(ParallelDims(1, 2, 2, 1, 1, 4), fsdp=True)
         found["model_tp2_cp2_fsdp"] = lambda: model_case(ParallelDims(1, 1, 2, 2, 1, 4), fsdp=True, tp=True)
+        found["model_tp2_cp2_documents"] = lambda: model_case(
+            ParallelDims(1, 1, 2, 2, 1, 4), fsdp=True, tp=True, docs=True, seq_len=48
+        )
         found["pipeline_pp2_cp2"] = lambda: pipeline_case(ParallelDims(1, 1, 2, 1, 2, 4))
     return found
 

@@ -26,8 +26,10 @@ MODEL_CASES = {
         "model_cp2_ac_full",
         "model_cp2_ac_op",
         "model_cp2_compile",
+        "model_cp2_documents",
+        "model_cp2_documents_ac_compile",
     ],
-    4: ["model_cp4", "model_fsdp2_cp2", "model_tp2_cp2_fsdp", "pipeline_pp2_cp2"],
+    4: ["model_cp4", "model_fsdp2_cp2", "model_tp2_cp2_fsdp", "model_tp2_cp2_documents", "pipeline_pp2_cp2"],
 }
 
 
@@ -38,7 +40,11 @@ def case_names(world: int) -> list[str]:
             (True, False), (False, True), ("p2p", "allgather"), ("auto", "math"), (16 * world, 48)
         )
     ]
-    return [*ring, "errors", *MODEL_CASES[world]]
+    documents = [
+        f"ring_documents_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_48"
+        for causal, gqa, variant in itertools.product((True, False), (False, True), ("p2p", "allgather"))
+    ]
+    return [*ring, *documents, "errors", *MODEL_CASES[world]]
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +121,18 @@ def test_blocks_merged_by_lse_equal_sdpa(kernel, gqa):
 def test_torch_implementation_needs_cuda():
     with pytest.raises(ValueError, match="implementation='torch' needs a CUDA DeviceMesh"):
         apply_cp(torch.nn.Module(), None, ["attention"], implementation="torch")
+
+
+def test_masked_block_with_rows_that_see_no_key():
+    """A document mask can leave a query row of a block with no key: lse -inf and output 0 there (no NaN), so
+    the merge with the block that holds its keys gives SDPA's result; fp32, atol 1e-5."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
+    ids = torch.tensor([[0, 0, 1, 1]])
+    mask = (ids[:, :, None] == ids[:, None, :]) & torch.ones(4, 4, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+    own, own_lse = block_forward(q, k[:, :, 2:], v[:, :, 2:], False, 8**-0.5, "math", mask=mask[:, :, 2:])
+    assert torch.isinf(own_lse[:, :, :2]).all() and (own[:, :, :2] == 0).all()
+    early, early_lse = block_forward(q, k[:, :, :2], v[:, :, :2], False, 8**-0.5, "math", mask=mask[:, :, :2])
+    _merge(early, early_lse, own, own_lse)
+    torch.testing.assert_close(early, expected, rtol=0, atol=1e-5)

@@ -13,10 +13,10 @@ from titan_train.data.sources import EmbeddedCorpus
 def test_embedded_corpus_is_the_kjv_one_document_per_chapter():
     source = resolve_dataset("kjv", "")
     docs = list(source.documents())
-    assert len(docs) == 1189
+    assert len(docs) == 1189 - 87  # the held-out books: test_validation.py
     assert docs[0].startswith("In the beginning God created the heaven and the earth.\n")
     assert docs[-1].endswith("The grace of our Lord Jesus Christ be with you all. Amen.")
-    assert sum(map(len, docs)) > 4_000_000
+    assert sum(map(len, docs)) > 3_900_000
     assert max(d.count("\n") for d in docs) == 175  # Psalm 119: 176 verses, one per line
     assert list(source.documents(1187)) == docs[1187:]
     assert isinstance(resolve_dataset(None, None), EmbeddedCorpus)  # the default

@@ -71,6 +71,15 @@ class Throughput:
         finally:
             self._data_seconds += self._clock() - t0
 
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Leave the enclosed block (e.g. an evaluation) out of the window: its time counts for nothing."""
+        t0 = self._clock()
+        try:
+            yield
+        finally:
+            self._start += self._clock() - t0
+
     def lap(self) -> ThroughputWindow:
         """Close the current window, return its numbers and start the next one."""
         now = self._clock()

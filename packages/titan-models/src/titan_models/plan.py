@@ -37,6 +37,11 @@ class ModelPlan:
     positions of the tokens it is given) supports context parallelism. Empty for Hyena, whose long
     convolutions would need every earlier rank's inputs."""
 
+    head_fqn: str | None = None
+    """The output projection to the vocabulary (e.g. "output"): a Linear-like module (`weight` [vocab, dim],
+    optional `bias`) whose output is the logits the loss reads. Declared, a parallelizer may compute it
+    together with the loss, chunk by chunk, without materialising all the logits."""
+
     @property
     def context_parallel(self) -> bool:
         """Whether the model computes correctly with the sequence split over ranks."""

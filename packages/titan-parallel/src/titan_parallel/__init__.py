@@ -1,8 +1,8 @@
 """Parallelism for Titan, applied to any module from its plan data (it knows nothing of any model).
 
 - `build_parallel_model` -> `ParallelModel`: the whole apply order in one place, and the model as this rank
-  runs it (forward_backward, clip_grad_norm_, mean_loss, after_optimizer_step), from a frozen `Layout`
-  (`DataParallel`, `ACGranularity`, `ActivationCheckpoint`, `ContextParallel`, `SimpleFSDPOptions`);
+  runs it (forward_backward, forward_loss, clip_grad_norm_, mean_loss, after_optimizer_step), from a frozen
+  `Layout` (`DataParallel`, `ACGranularity`, `ActivationCheckpoint`, `ContextParallel`, `SimpleFSDPOptions`);
   `ModelConverter` is the hook for transforms from other packages (float8).
 - `device_type`, `device_module`, `distributed_backend`: the one place that picks the device and backend.
 - `ParallelDims`: the degrees (dp_replicate x dp_shard x cp x tp x pp = world size) and the named mesh.
@@ -11,12 +11,23 @@
   `apply_cp` (+ `shard_sequence` / `unshard_sequence` / `load_balanced_positions`, `ring_attention`),
   `apply_ac`, `apply_compile`, `apply_fsdp` / `apply_ddp`, `apply_simple_fsdp` (`SIMPLE_FSDP_MODES`,
   `sharded_params`, `enable_overlap` with `OVERLAP_MODES`), `clip_grad_norm_`.
+- Async TP (`apply_tp(..., async_tp=)`): `AsyncColwiseParallel` / `AsyncRowwiseParallel`, `async_tp_plan`,
+  `symmetric_memory_unavailable`, `ASYNC_TP_IMPLEMENTATIONS`; the chunked ops `all_gather_matmul`,
+  `matmul_reduce_scatter`.
 - Pipeline parallel: `plan_pipeline` -> `PipelinePlan` (every check, no process group; `SCHEDULES`), then
   `build_pipeline` -> `Pipeline.step`.
 """
 
 from titan_parallel.activation_checkpoint import apply_ac
 from titan_parallel.applied_layout import describe_applied, format_applied
+from titan_parallel.async_tensor_parallel import IMPLEMENTATIONS as ASYNC_TP_IMPLEMENTATIONS
+from titan_parallel.async_tensor_parallel import (
+    AsyncColwiseParallel,
+    AsyncRowwiseParallel,
+    async_tp_plan,
+    symmetric_memory_unavailable,
+)
+from titan_parallel.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
 from titan_parallel.channel_parallel import ChannelParallel
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
@@ -48,10 +59,17 @@ from titan_parallel.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
 from titan_parallel.stored_params import sharded_params
 from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"
 
 __all__ = [
     "ACGranularity",
+    "ASYNC_TP_IMPLEMENTATIONS",
+    "AsyncColwiseParallel",
+    "AsyncRowwiseParallel",
+    "all_gather_matmul",
+    "async_tp_plan",
+    "matmul_reduce_scatter",
+    "symmetric_memory_unavailable",
     "ActivationCheckpoint",
     "ChannelParallel",
     "ContextParallel",

@@ -9,6 +9,8 @@ the activations back: memory for compute. Modes (config `[activation_checkpoint]
   counting from 1 along `block_fqns` ("2" wraps the 2nd, 4th, ...), so "1" is the same as "full". The
   count runs over the whole model's blocks, also on a pipeline stage that holds only some of them (blocks
   a stage does not hold are skipped), so a stage of one block is wrapped when that block's turn comes.
+- "auto": each block gets its own policy ("none", "op" or "full"), the cheapest whose predicted peak fits a
+  memory budget (ac_budget.py); `apply_ac_policies` applies such a list.
 - "selective" with `selective_ac_option` "op": every block is wrapped, but the outputs of the
   compute-intensive ops in `SAC_SAVE_OPS` are saved and only the cheap ops (norms, activations, rotary,
   views, residual adds) are recomputed -- except every second `aten.mm` of a block, which is recomputed too.
@@ -35,7 +37,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 import titan_parallel.ring_attention  # noqa: F401  registers torch.ops.titan.ring_attention
 
-MODES = ("none", "selective", "full")
+MODES = ("none", "selective", "full", "auto")
+BLOCK_POLICIES = ("none", "op", "full")
+"""What one block can get, least recompute first: nothing, per-op selective, the whole block."""
 
 _aten = torch.ops.aten
 # Op-level selective AC saves the outputs of these ops and recomputes everything else (but see the mm
@@ -77,6 +81,8 @@ def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_optio
     only by "selective"). See the module docstring for what each does.
     """
     check_ac_options(mode, selective_option)
+    if mode == "auto":
+        raise ValueError("mode='auto' chooses a policy per block: use apply_ac_policies with ac_budget's choice")
     if mode == "none":
         return
     every_nth = 1
@@ -96,8 +102,31 @@ def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_optio
             block = parent.get_submodule(name)
         except AttributeError:  # on another pipeline stage
             continue
-        kwargs = {"context_fn": context_fn} if context_fn is not None else {}
-        parent.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))
+        _wrap(parent, name, block, context_fn)
+
+
+def apply_ac_policies(model: nn.Module, block_fqns: list[str], policies: list[str] | tuple[str, ...]) -> None:
+    """Wrap each block of `block_fqns` by its own policy (same order): "none", "op" (per-op selective) or
+    "full". Blocks `model` does not hold (another pipeline stage's) are skipped."""
+    if len(policies) != len(block_fqns) or not set(policies) <= set(BLOCK_POLICIES):
+        raise ValueError(
+            f"policies={list(policies)} must give one of {BLOCK_POLICIES} to each of the {len(block_fqns)} blocks"
+        )
+    for fqn, policy in zip(block_fqns, policies, strict=True):
+        if policy == "none":
+            continue
+        parent_fqn, _, name = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_fqn)
+            block = parent.get_submodule(name)
+        except AttributeError:  # on another pipeline stage
+            continue
+        _wrap(parent, name, block, _op_sac_contexts if policy == "op" else None)
+
+
+def _wrap(parent: nn.Module, name: str, block: nn.Module, context_fn) -> None:
+    kwargs = {"context_fn": context_fn} if context_fn is not None else {}
+    parent.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))
 
 
 def _op_sac_policy():

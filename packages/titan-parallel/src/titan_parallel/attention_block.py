@@ -9,6 +9,9 @@ Backward from the merged values is exact: with the global lse, exp(s - lse) is t
 global softmax, and rowsum(dout * out) over the global output is the same for every block (FlashAttention-2's
 D term), so the per-block gradients sum to the full ones.
 
+`mask` (bool [B, Sq, Sk], True: may attend; document masking) is for the math kernel only, and may leave a
+query row of a block with no key: its lse is then -inf and its output 0, which the merge weighs by 0.
+
 Kernels: "cpu_flash" (`_scaled_dot_product_flash_attention_for_cpu`: fp32/bf16/fp16, grouped heads natively),
 "cuda_flash" (`_scaled_dot_product_flash_attention`: bf16/fp16, heads repeated for it) and "math" (any
 device and dtype, float32 inside, materializes one block's scores).
@@ -45,8 +48,10 @@ def pick_kernel(q: torch.Tensor, kernel: str) -> str:
     return "math"
 
 
-def block_forward(q, k, v, causal: bool, scale: float, kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+def block_forward(q, k, v, causal: bool, scale: float, kernel: str, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, Sq, D] in q's dtype, lse float32 [B, H, Sq])."""
+    if mask is not None and kernel != "math":
+        raise ValueError(f"a masked attention block needs kernel='math', got {kernel!r}")
     if kernel == "cpu_flash":
         return _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
     if kernel == "cuda_flash":
@@ -54,14 +59,18 @@ def block_forward(q, k, v, causal: bool, scale: float, kernel: str) -> tuple[tor
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out, lse, *_ = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, scale=scale)
         return out, lse
-    scores = _scores(q, k, causal, scale)
+    scores = _scores(q, k, causal, scale, mask)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.float().unsqueeze(2))
+    # A row with no key (masked) has lse -inf: subtract 0 there so its weights are exp(-inf) = 0, not NaN.
+    finite_lse = lse.masked_fill(lse == float("-inf"), 0.0) if mask is not None else lse
+    out = torch.matmul(torch.exp(scores - finite_lse.unsqueeze(-1)), v.float().unsqueeze(2))
     return _ungroup(out).to(q.dtype), _ungroup(lse)
 
 
-def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float, kernel: str):
+def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float, kernel: str, mask=None):
     """(dq, dk, dv) of this block's share, given the merged `out` and `lse` of q's rows."""
+    if mask is not None and kernel != "math":
+        raise ValueError(f"a masked attention block needs kernel='math', got {kernel!r}")
     if kernel == "cpu_flash":
         return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse, 0.0, causal, scale=scale
@@ -76,7 +85,7 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float, kernel: 
         )
         return dq, _sum_groups(dk, k), _sum_groups(dv, v)
     hkv = k.shape[1]
-    scores = _scores(q, k, causal, scale)
+    scores = _scores(q, k, causal, scale, mask)
     probs = torch.exp(scores - _group(lse, hkv).unsqueeze(-1))  # [B, Hkv, rep, Sq, Sk]
     dout32 = _group(dout.float(), hkv)
     delta = (dout32 * _group(out.float(), hkv)).sum(-1, keepdim=True)
@@ -100,10 +109,13 @@ def _sum_groups(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return grad.unflatten(1, (like.shape[1], -1)).sum(2)
 
 
-def _scores(q, k, causal: bool, scale: float) -> torch.Tensor:
-    """float32 scaled scores [B, Hkv, rep, Sq, Sk], -inf above the diagonal when causal."""
+def _scores(q, k, causal: bool, scale: float, mask=None) -> torch.Tensor:
+    """float32 scaled scores [B, Hkv, rep, Sq, Sk], -inf above the diagonal when causal and where `mask`
+    is False."""
     scores = torch.matmul(_group(q.float(), k.shape[1]), k.float().unsqueeze(2).transpose(-1, -2)) * scale
     if causal:
         above = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(above, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     return scores

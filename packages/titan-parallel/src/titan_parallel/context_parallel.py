@@ -82,9 +82,12 @@ class RingAttention(nn.Module):
         self.group_name, self.cp = group.group_name, dist.get_world_size(group)
         self.is_causal, self.variant, self.kernel = is_causal, variant, kernel
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """document_ids: this rank's shard [B, S_local] of each token's document (block-causal attention)."""
         return ring_attention_by_name(
-            q, k, v, self.group_name, self.cp, self.is_causal, None, self.variant, self.kernel
+            q, k, v, self.group_name, self.cp, self.is_causal, None, self.variant, self.kernel, document_ids
         )
 
     def extra_repr(self) -> str:

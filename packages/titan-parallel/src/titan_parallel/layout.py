@@ -42,6 +42,8 @@ class ACGranularity(Enum):
     """Per-op selective: keep matmul and attention outputs, recompute the rest."""
     BLOCK = "block"
     """Whole blocks: every block (full) or every Nth (selective N)."""
+    AUTO = "auto"
+    """Per block, chosen to fit a memory budget (ac_budget.py): none, per-op or whole block."""
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,28 @@ class ActivationCheckpoint:
     """"none", "selective" or "full" (apply_ac's mode)."""
     selective_option: str = "op"
     """"op" or an integer N as a string (every Nth block)."""
+    memory_budget_gib: float = 0.0
+    """mode "auto": the peak to fit (parameters, optimizer state, the step's tensors); 0: the device's capacity."""
+    trace_batch: tuple[int, int] = (0, 0)
+    """mode "auto": (sequences, tokens per sequence) of one micro-batch on one rank, the traced step's input."""
+    auto_policies: tuple[str, ...] = ("none", "op", "full")
+    """mode "auto": the per-block policies it may choose from (e.g. no "full" where compiled blocks refuse it)."""
+    optimizer_bytes_per_param: int = 0
+    """mode "auto": optimizer state per parameter element (AdamW in float32: 8), added to the prediction."""
 
     def __post_init__(self):
         check_ac_options(self.mode, self.selective_option)
+        if self.mode == "auto" and min(self.trace_batch) <= 0:
+            raise ValueError(f"mode='auto' needs trace_batch=(sequences, tokens) > 0, got {self.trace_batch}")
+        if self.memory_budget_gib < 0:
+            raise ValueError(f"memory_budget_gib={self.memory_budget_gib} must be >= 0 (0: the device's capacity)")
 
     @property
     def granularity(self) -> ACGranularity:
         if self.mode == "none":
             return ACGranularity.NONE
+        if self.mode == "auto":
+            return ACGranularity.AUTO
         return ACGranularity.OP if self.mode == "selective" and self.selective_option == "op" else ACGranularity.BLOCK
 
 
@@ -96,6 +112,11 @@ class Layout:
     """Set when data_parallel is SIMPLE_FSDP."""
     loss_parallel: bool = False
     """The output layer leaves logits sharded over the vocabulary and the loss is computed on them."""
+    async_tensor_parallel: str | None = None
+    """With TP: None (plain), "titan" (eager micro-pipelined styles) or "symmetric_memory" (inductor's pass)."""
+    loss_chunk_tokens: int = 0
+    """> 0: the output head and cross entropy run this many tokens at a time, each chunk's logits recomputed
+    in backward (chunked_loss.py); 0: the plain loss on all the logits."""
     activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint("none")
     compile_backend: str | None = None
     """torch.compile backend of each block; None: eager."""
@@ -115,4 +136,6 @@ class Layout:
         text = f"{self.dims.describe()}, gradient accumulation {self.accumulation_steps}"
         if self.pipeline is not None:
             text += f", {self.pipeline.describe()}"
+        if self.async_tensor_parallel is not None:
+            text += f", async TP ({self.async_tensor_parallel})"
         return text

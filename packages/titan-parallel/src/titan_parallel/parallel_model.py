@@ -8,6 +8,7 @@ talks to, so the loop never branches on a parallelism:
     grad_norm = model.clip_grad_norm_(max_norm)                                    # over every mesh
     optimizer.step(); model.after_optimizer_step()                                 # e.g. float8 scales
     logged = model.mean_loss(loss)                                                 # over data ranks
+    validation = model.mean_loss(model.forward_loss(inputs, labels))               # forward only, no_grad
 
 `plan` is the model's plan as data (titan_models.ModelPlan or anything with its fields: block_fqns,
 input_fqns, output_fqns, tp_plan(loss_parallel=), attention_fqns); the model implements
@@ -25,8 +26,10 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from titan_parallel.activation_checkpoint import apply_ac
+from titan_parallel.ac_budget import auto_ac_choice
+from titan_parallel.activation_checkpoint import apply_ac, apply_ac_policies
 from titan_parallel.applied_layout import describe_applied
+from titan_parallel.chunked_loss import HeadLoss
 from titan_parallel.clip_grad import clip_grad_norm_
 from titan_parallel.compile import apply_compile
 from titan_parallel.context_parallel import apply_cp, load_balanced_positions, shard_sequence
@@ -39,6 +42,10 @@ from titan_parallel.stored_params import sharded_params
 from titan_parallel.tensor_parallel import apply_tp, loss_context
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+TokenKwargs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+"""Per-token model keyword arguments [B, S] derived from the whole (unsharded) inputs, e.g. each token's
+document and its position in it (packed sequences): sharded like the inputs under CP, split into
+micro-batches under PP, and passed to every model part."""
 
 
 class ModelConverter(Protocol):
@@ -72,14 +79,22 @@ def build_parallel_model(
     loss_fn: LossFn,
     seed: int,
     converter: ModelConverter | None = None,
+    token_kwargs: TokenKwargs | None = None,
 ) -> "ParallelModel":
     """Build the model on the meta device and parallelize it in the fixed order: conversion (float8) ->
     pipeline split -> per stage TP -> CP -> AC -> compile -> data parallel -> materialize + seeded init.
     Every weight is drawn from (seed, its name), so every layout starts from the same model."""
     converter = converter or NoConversion()
     dims = layout.dims
+    head_fqn = getattr(plan, "head_fqn", None)
+    # Checked before anything is built; the head is attached once the parts exist.
+    head_loss = HeadLoss(loss_fn, layout.loss_chunk_tokens, layout.loss_parallel, head_fqn)
     with torch.device("meta"):
         model = build_model()
+    ac = layout.activation_checkpoint
+    ac_policies = None
+    if ac.mode == "auto":  # chosen from traces of the whole (meta) model, before anything changes it
+        ac_policies = auto_ac_choice(model, plan.block_fqns, layout, loss_fn, head_fqn, device).policies
     converter.convert(model)  # first: TP, compile and FSDP then see the converted modules
     positions = _cp_positions(layout, device)
 
@@ -87,14 +102,16 @@ def build_parallel_model(
         blocks = [fqn for fqn in plan.block_fqns if _has(part, fqn)]
         if dims.tp > 1:
             tp_mesh = dims.submesh("tp")
-            apply_tp(part, tp_mesh, converter.tp_plan(plan.tp_plan(loss_parallel=layout.loss_parallel), part, tp_mesh))
+            tp_plan = converter.tp_plan(plan.tp_plan(loss_parallel=layout.loss_parallel), part, tp_mesh)
+            apply_tp(part, tp_mesh, tp_plan, async_tp=layout.async_tensor_parallel)
         if layout.context_parallel is not None:
             cp = layout.context_parallel
             apply_cp(
                 part, dims.submesh("cp"), plan.attention_fqns, variant=cp.variant, implementation=cp.implementation
             )
-        ac = layout.activation_checkpoint
-        if ac.mode != "none":
+        if ac_policies is not None:
+            apply_ac_policies(part, plan.block_fqns, ac_policies)
+        elif ac.mode != "none":
             apply_ac(part, plan.block_fqns, ac.mode, ac.selective_option)  # every Nth counts all blocks
         if layout.compile_backend is not None:
             apply_compile(part, blocks, backend=layout.compile_backend)
@@ -103,12 +120,18 @@ def build_parallel_model(
         return part
 
     if layout.pipeline is None:
-        return ParallelModel([parallelize(model)], layout, loss_fn, converter, block_fqns=plan.block_fqns)
-    pipeline = build_pipeline(
-        model, layout.pipeline, dims.submesh("pp"), device, loss_fn,
-        input_fqns=plan.input_fqns, output_fqns=plan.output_fqns, parallelize_stage=parallelize,
+        parts, pipeline = [parallelize(model)], None
+    else:
+        pipeline = build_pipeline(
+            model, layout.pipeline, dims.submesh("pp"), device, head_loss,
+            input_fqns=plan.input_fqns, output_fqns=plan.output_fqns, parallelize_stage=parallelize,
+        )  # fmt: skip
+        parts = pipeline.model_parts
+    head_loss.attach(parts)
+    return ParallelModel(
+        parts, layout, loss_fn, converter, pipeline,
+        block_fqns=plan.block_fqns, head_loss=head_loss, token_kwargs=token_kwargs,
     )  # fmt: skip
-    return ParallelModel(pipeline.model_parts, layout, loss_fn, converter, pipeline, block_fqns=plan.block_fqns)
 
 
 def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout) -> None:
@@ -173,9 +196,14 @@ class ParallelModel:
         pipeline: Pipeline | None = None,
         *,
         block_fqns: list[str] = (),
+        head_loss: HeadLoss | None = None,
+        token_kwargs: TokenKwargs | None = None,
     ):
         self.parts, self.layout, self.loss_fn = parts, layout, loss_fn
+        # The training loss: loss_fn, or the chunked head + cross entropy (chunked_loss.py).
+        self._head_loss = head_loss or HeadLoss(loss_fn, 0, layout.loss_parallel, None)
         self._block_fqns = list(block_fqns)
+        self._token_kwargs = token_kwargs
         self._converter, self._pipeline = converter, pipeline
         self._cp_mesh = layout.dims.submesh("cp") if layout.context_parallel is not None else None
         # The loss is reported as the mean over every rank that holds different tokens.
@@ -191,7 +219,10 @@ class ParallelModel:
     def applied_layout(self) -> list[dict]:
         """What was applied to each part, read back from the live modules (see applied_layout.py)."""
         stages = [stage.stage_index for stage in self._pipeline.stages] if self._pipeline is not None else None
-        return describe_applied(self.parts, self._block_fqns, stages)
+        described = describe_applied(self.parts, self._block_fqns, stages)
+        for part, entry in zip(self.parts, described, strict=True):
+            entry["loss_chunk_tokens"] = self._head_loss.chunk_tokens_in(part)
+        return described
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.parts:
@@ -204,18 +235,46 @@ class ParallelModel:
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """Forward and backward of one local batch; gradients accumulate. Returns the loss x `scale`, detached
         (on every rank, pipeline ranks included)."""
-        if self._cp_mesh is not None:
-            inputs, labels = shard_sequence([inputs, labels], self._cp_mesh)
+        inputs, labels, kwargs = self._model_inputs(inputs, labels)
         dtype = self.layout.autocast_dtype
         autocast = torch.autocast(inputs.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
         with loss_context(self.layout.loss_parallel):  # backward too: the loss's backward is sharded alike
             if self._pipeline is not None:
-                with autocast:  # the schedule runs forward and backward of every micro-batch
-                    return self._pipeline.step(inputs, labels, scale)
+                # The schedule runs forward and backward of every micro-batch.
+                with autocast, self._head_loss.bypass():
+                    return self._pipeline.step(inputs, labels, scale, kwargs)
             with autocast:
-                loss = self.loss_fn(self.parts[0](inputs), labels) * scale
-            loss.backward()
+                loss = self._head_loss(self._output(inputs, kwargs), labels) * scale
+            loss.backward()  # no name holds the output (e.g. all the logits) through backward
         return loss.detach()
+
+    def forward_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of one local batch, forward only under no_grad (evaluation), on the same layout as training
+        (PP: the schedule's forward-only pass). Returns it on every rank, pipeline ranks included; average it
+        over data ranks with `mean_loss`. No gradient is touched."""
+        inputs, labels, kwargs = self._model_inputs(inputs, labels)
+        dtype = self.layout.autocast_dtype
+        autocast = torch.autocast(inputs.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with torch.no_grad(), loss_context(self.layout.loss_parallel), autocast:
+            if self._pipeline is not None:
+                with self._head_loss.bypass():
+                    return self._pipeline.step(inputs, labels, 1.0, kwargs, forward_only=True)
+            with self._head_loss.bypass():
+                output = self.parts[0](inputs, **kwargs)
+            return self._head_loss(output, labels).detach()
+
+    def _output(self, inputs: torch.Tensor, kwargs: dict) -> torch.Tensor:
+        """The whole model's output: logits, or the hidden states the chunked loss reads."""
+        with self._head_loss.bypass():
+            return self.parts[0](inputs, **kwargs)
+
+    def _model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """(inputs, labels, per-token keyword arguments), this rank's shard of each under CP."""
+        kwargs = self._token_kwargs(inputs) if self._token_kwargs is not None else {}
+        if self._cp_mesh is not None:
+            inputs, labels, *values = shard_sequence([inputs, labels, *kwargs.values()], self._cp_mesh)
+            kwargs = dict(zip(kwargs, values, strict=True))
+        return inputs, labels, kwargs
 
     def mean_loss(self, loss: torch.Tensor) -> float:
         """The mean of `loss` over the ranks that hold different tokens (a collective on data/cp ranks)."""

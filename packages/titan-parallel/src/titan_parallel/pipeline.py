@@ -103,8 +103,18 @@ class Pipeline:
     def has_last_stage(self) -> bool:
         return any(stage.is_last for stage in self.stages)
 
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    def step(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        scale: float = 1.0,
+        kwargs: dict[str, torch.Tensor] | None = None,
+        *,
+        forward_only: bool = False,
+    ) -> torch.Tensor:
         """Forward and backward of one local batch: the loss x `scale` (e.g. 1 / accumulation steps), detached.
+        `kwargs`: per-token keyword arguments [B, S] for every stage, split into micro-batches like the inputs.
+        `forward_only`: the schedule's forward-only pass (evaluation; call under no_grad), no gradients.
 
         Every pipeline rank passes its batch (only the first stage reads `inputs`, only the last `labels`)
         and gets the loss back: it is broadcast from the last stage, so every rank can log it and stop
@@ -114,7 +124,8 @@ class Pipeline:
         args = (inputs,) if self.has_first_stage else ()
         target = labels if self.has_last_stage else None
         losses: list[torch.Tensor] = []
-        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        run = self.schedule.eval if forward_only else self.schedule.step
+        run(*args, target=target, losses=losses, return_outputs=False, **(kwargs or {}))
         device = self.stages[0].device
         if self.has_last_stage:
             loss = sum(loss.detach() for loss in losses)

@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
 
+from titan_parallel.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
 from titan_parallel.channel_parallel import ChannelParallel
 
 
@@ -27,14 +28,21 @@ def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
             raise ValueError(f"parallelism.tensor_parallel_degree={tp} does not divide {name}={size}; use {listed}")
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object]) -> nn.Module:
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_tp: str | None = None) -> nn.Module:
     """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
 
     Values are ParallelStyles or declared styles (module docstring). Entries naming a module set to None (a
     pipeline stage without the embedding or the output) are left out: the whole model's plan serves each
-    stage, without torch warning about every missing module.
+    stage, without torch warning about every missing module. `async_tp`: None, "titan" (micro-pipelined
+    styles) or "symmetric_memory" (inductor's pass over the plain styles); see async_tensor_parallel.py.
     """
     present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _set_to_none(model, fqn)}
+    if async_tp == "titan":
+        present = async_tp_plan(present)
+    elif async_tp == "symmetric_memory":
+        enable_symmetric_memory_async_tp()
+    elif async_tp is not None:
+        raise ValueError(f"async_tp={async_tp!r}; use None, 'titan' or 'symmetric_memory'")
     return parallelize_module(model, mesh, present)
 
 

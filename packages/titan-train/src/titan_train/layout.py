@@ -7,6 +7,7 @@ Checks that do not depend on the world size run first, so a degree that cannot f
 such, not as a world-size mismatch.
 """
 
+import os
 import re
 
 import torch
@@ -21,7 +22,9 @@ from titan_parallel import (
     ParallelDims,
     SimpleFSDPOptions,
     check_tp_degree,
+    device_type,
     plan_pipeline,
+    symmetric_memory_unavailable,
 )
 from titan_train.config import ConfigError, JobConfig
 
@@ -99,6 +102,8 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         reshard_after_forward=p.fsdp_reshard_after_forward,
         simple_fsdp=_simple_fsdp_options(config, dims) if data_parallel is DataParallel.SIMPLE_FSDP else None,
         loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
+        async_tensor_parallel=_async_tensor_parallel(config, dims.tp),
+        loss_chunk_tokens=t.loss_chunk_tokens,
         activation_checkpoint=ac,
         compile_backend=config.compile.backend if config.compile.enable else None,
         pipeline=pipeline,
@@ -110,10 +115,46 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     )
 
 
+def _async_tensor_parallel(config: JobConfig, tp: int) -> str | None:
+    """The async TP implementation this run uses, or None; "symmetric_memory" only where it can run."""
+    p = config.parallelism
+    if not p.enable_async_tensor_parallel or tp == 1:
+        return None
+    asked = p.async_tensor_parallel_implementation
+    backend = config.compile.backend if config.compile.enable else None
+    gpus = torch.cuda.device_count() if device_type() == "cuda" else 0
+    gpus = min(gpus, int(os.environ.get("LOCAL_WORLD_SIZE", gpus) or gpus))  # ranks this node runs
+    reason = symmetric_memory_unavailable(device_type(), backend, tp, gpus)
+    if asked == "symmetric_memory" and reason is not None:
+        raise ConfigError(
+            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run here: {reason} "
+            "(compile.enable=true, compile.backend='inductor', parallelism.tensor_parallel_degree at most the "
+            "GPUs per node); use async_tensor_parallel_implementation='titan' or 'auto'"
+        )
+    chosen = ("titan" if reason is not None else "symmetric_memory") if asked == "auto" else asked
+    if chosen == "titan" and config.compile.enable:
+        # Its layers wait on collectives between matmuls: compiled blocks (whole graphs) cannot hold them.
+        why = f"torch's symmetric_memory cannot run here ({reason}) and " if asked == "auto" else ""
+        raise ConfigError(
+            f"parallelism.enable_async_tensor_parallel=true with compile.enable=true: {why}Titan's async TP "
+            f"(parallelism.async_tensor_parallel_implementation={asked!r}) runs eager collectives that compiled "
+            "blocks cannot contain; use compile.enable=false, or async_tensor_parallel_implementation="
+            "'symmetric_memory' on CUDA GPUs"
+        )
+    return chosen
+
+
 def _check_model_fit(config: JobConfig, plan) -> None:
     """The degrees that split the model or the sequence fit this model and sequence length."""
     p, model, seq_len = config.parallelism, config.model, config.training.seq_len
     cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
+    chunk = config.training.loss_chunk_tokens
+    if chunk < 0:
+        raise ConfigError(f"training.loss_chunk_tokens={chunk} must be >= 0 (0: the plain loss)")
+    if chunk and not plan.head_fqn:
+        raise ConfigError(
+            f"training.loss_chunk_tokens={chunk}: model.name={model.name!r} declares no output head to chunk; use 0"
+        )
     if cp > 1 and not plan.context_parallel:
         raise ConfigError(
             f"parallelism.context_parallel_degree={cp}: model.name={model.name!r} has no attention "
@@ -186,11 +227,30 @@ def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOpt
 
 
 def _ac(config: JobConfig) -> ActivationCheckpoint:
-    ac = config.activation_checkpoint
-    try:
-        return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
-    except ValueError as e:
-        raise _config_error(e) from None
+    ac, p, t = config.activation_checkpoint, config.parallelism, config.training
+    if ac.mode != "auto":
+        try:
+            return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
+        except ValueError as e:
+            raise _config_error(e) from None
+    if ac.memory_budget_gib < 0 or (ac.memory_budget_gib == 0 and device_type() == "cpu"):
+        raise ConfigError(
+            f"activation_checkpoint.memory_budget_gib={ac.memory_budget_gib}: mode='auto' needs a budget in GiB "
+            "(0 means the GPU's capacity, which a CPU run does not have); give e.g. 70"
+        )
+    # The step auto traces: one micro-batch of this rank's tokens.
+    sequences = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
+    compiled_dtensor_blocks = config.compile.enable and (
+        p.tensor_parallel_degree > 1 or p.fsdp_implementation == "simple_fsdp"
+    )
+    return ActivationCheckpoint(
+        "auto",
+        memory_budget_gib=ac.memory_budget_gib,
+        trace_batch=(sequences, t.seq_len // p.context_parallel_degree),
+        # Whole-block checkpoints of compiled blocks fail with DTensor parameters (_check_compiled_block_ac).
+        auto_policies=("none", "op") if compiled_dtensor_blocks else ("none", "op", "full"),
+        optimizer_bytes_per_param=8,  # AdamW's exp_avg and exp_avg_sq in float32
+    )
 
 
 def _check_compiled_block_ac(config: JobConfig, ac: ActivationCheckpoint) -> None:
@@ -243,7 +303,7 @@ def _pipeline_plan(config: JobConfig, pp: int, block_fqns: list[str], ac: Activa
             layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
             stage_blocks=[entry.split() for entry in p.pipeline_parallel_stage_blocks] or None,
             compiled=config.compile.enable,
-            op_level_ac=ac.granularity is ACGranularity.OP,
+            op_level_ac=ac.granularity is ACGranularity.OP or "op" in (ac.auto_policies if ac.mode == "auto" else ()),
         )
     except ValueError as e:
         raise _config_error(e) from None

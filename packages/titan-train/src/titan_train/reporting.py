@@ -51,13 +51,15 @@ class StepReporter:
             f"layout {layout.describe()}; device {self.device}; {cfg.training.steps} steps"
         )
 
-    def step(self, step: int, loss: float, grad_norm: float, lr: float) -> None:
+    def step(self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None) -> None:
+        """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
+        such a step is always logged."""
         self.throughput.add_tokens(self.tokens_per_step)
         memory = memory_stats(self.device)["peak_gib"]
         # Every step, on every rank: stages differ in memory (the first holds the most activations).
         memory_per_stage = self.model.gather_over_stages(memory)
         t = self.config.training
-        if not (step == 1 or step % self.config.metrics.log_freq == 0 or step == t.steps):
+        if not (validation or step == 1 or step % self.config.metrics.log_freq == 0 or step == t.steps):
             return
         window = self.throughput.lap()
         record = {
@@ -70,6 +72,7 @@ class StepReporter:
             "mfu": mfu(window.tokens_per_second, self.flops_per_token, self.peak_flops),
             "memory": memory,
             "data_time_frac": window.data_time_frac,
+            **(validation or {}),
         }
         if self.model.layout.pipeline is not None:
             record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(memory_per_stage)}

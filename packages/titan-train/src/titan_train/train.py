@@ -26,11 +26,13 @@ from titan_train.checkpointing import build_checkpoint_manager, resolve_folder, 
 from titan_train.config import ConfigError, JobConfig
 from titan_train.data import build_dataloader
 from titan_train.distributed import RunEnv, init_distributed, shutdown_distributed
+from titan_train.documents import document_kwargs
 from titan_train.layout import resolve_layout
 from titan_train.optim import LRSchedulers, Optimizers
 from titan_train.reporting import StepReporter
 from titan_train.run_record import RunRecord, record_run
 from titan_train.tokenizer import load_tokenizer
+from titan_train.validation import Validator
 
 logger = logging.getLogger("titan")
 
@@ -56,12 +58,15 @@ class Trainer:
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
+            token_kwargs=document_kwargs(config, self.tokenizer.bos_id),
         )  # fmt: skip
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
         self.dataloader = build_dataloader(
             dataset=t.dataset,
             dataset_path=t.dataset_path,
+            text_field=t.dataset_text_field,
+            mixture=t.dataset_mixture,
             tokenizer=self.tokenizer,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
@@ -151,6 +156,7 @@ class Trainer:
         snapshots = MemorySnapshotter(
             dump, prof.enable_memory_snapshot, prof.memory_snapshot_freq, rank, device, start_step=self.step_count
         )
+        validator = Validator(cfg, self.parallel_model, self.tokenizer, device)
         losses = []
         self.throughput.reset()
         try:
@@ -159,7 +165,9 @@ class Trainer:
                     loss, grad_norm, lr = self.step()
                     losses.append(loss)
                     self._shorten_timeouts_after_first_step()
-                    reporter.step(self.step_count, loss, grad_norm, lr)
+                    with self.throughput.excluded():  # evaluation time is not training throughput
+                        validation = validator.run() if validator.due(self.step_count) else {}
+                    reporter.step(self.step_count, loss, grad_norm, lr, validation)
                     if self.checkpoint is not None:
                         self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()

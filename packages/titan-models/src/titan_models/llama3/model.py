@@ -50,8 +50,24 @@ class ScaledDotProductAttention(nn.Module):
         super().__init__()
         self.is_causal = is_causal
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """document_ids [bs, seqlen]: block-causal attention, a token sees only earlier tokens of its own
+        document (packed sequences); None: plain causal."""
+        if document_ids is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(document_ids, self.is_causal))
+
+
+def block_causal_mask(document_ids: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """Boolean mask [bs, 1, seqlen, seqlen]: query i may read key j when both lie in one document (and j <= i
+    when causal). Every row keeps its diagonal, so no row is fully masked."""
+    same = document_ids.unsqueeze(-1) == document_ids.unsqueeze(-2)
+    if causal:
+        seqlen = document_ids.shape[-1]
+        same = same & torch.ones(seqlen, seqlen, dtype=torch.bool, device=document_ids.device).tril()
+    return same.unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -66,9 +82,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.inner_attention = ScaledDotProductAttention(is_causal=True)
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """freqs_cis is the second positional argument because the tensor-parallel plan prepares
-        inputs by position: (x, freqs_cis)."""
+        inputs by position: (x, freqs_cis); document_ids (see ScaledDotProductAttention) is passed by
+        keyword, which the plan leaves alone."""
         bs, seqlen, _ = x.shape
         # -1 heads, not n_heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
         xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
@@ -81,7 +100,9 @@ class Attention(nn.Module):
         n_rep = xq.shape[2] // xk.shape[2]
         xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
-        out = self.inner_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
+        q, k, v = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        # Only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
+        out = self.inner_attention(q, k, v) if document_ids is None else self.inner_attention(q, k, v, document_ids)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
     def init_weights(self, init: SeededInit, init_std: float) -> None:
@@ -124,8 +145,10 @@ class TransformerBlock(nn.Module):
         else:
             self.weight_init_std = 0.02 / (2 * args.n_layers) ** 0.5
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis)
+    def forward(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, document_ids=document_ids)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self, init: SeededInit) -> None:
@@ -208,19 +231,23 @@ class Llama3(nn.Module):
             std = self.args.dim**-0.5
             init.trunc_normal_(output.weight, std=std, a=-3 * std, b=3 * std)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
 
         positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
-        the sequence (context parallelism); RoPE follows them. None means those of `set_positions`, by
-        default 0..seqlen-1.
+        the sequence (context parallelism) or positions restart per document; RoPE follows them. None means
+        those of `set_positions`, by default 0..seqlen-1.
+        document_ids: optional [bs, seqlen] document of each token (packed sequences): attention is then
+        block-causal, a token attends only to earlier tokens of its own document.
         Returns logits [bs, seqlen, vocab_size], or hidden states when output is None.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         positions = self.positions if positions is None else positions
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
         for layer in self.layers.values():
-            h = layer(h, freqs_cis)
+            h = layer(h, freqs_cis, document_ids=document_ids)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

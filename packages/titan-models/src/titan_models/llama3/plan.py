@@ -61,6 +61,7 @@ def llama3_plan(args: Llama3Args) -> ModelPlan:
         block_fqns=[f"layers.{i}" for i in range(args.n_layers)],
         input_fqns=["tok_embeddings"],
         output_fqns=["norm", "output"],
+        head_fqn="output",
         tp_plan=llama3_tp_plan,
         attention_fqns=["layers.*.attention.inner_attention"],
         # Heads must split evenly (attention reshapes to local heads with -1), and so must the SwiGLU

@@ -76,6 +76,8 @@ def _type_name(hint) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return "|".join(str(c) for c in typing.get_args(hint))
     if typing.get_origin(hint) is list:
+        if typing.get_args(hint)[0] is dict:
+            return "list of tables (a TOML array)"
         return f"list of {typing.get_args(hint)[0].__name__} (comma-separated)"
     return hint.__name__
 

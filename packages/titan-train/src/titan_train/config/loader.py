@@ -81,11 +81,17 @@ def _coerce(value, hint, key: str):
         return value
     if origin is list:
         (item,) = typing.get_args(hint)
-        if isinstance(value, str):
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            value = _toml_value(value, key)  # a TOML array on the command line: lists of tables need it
+        elif isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{key}={value!r} must be a list (TOML array, or comma-separated on the CLI)")
         return [_coerce(v, item, key) for v in value]
+    if hint is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f'{key}={value!r} must be a table, e.g. {{path = "data.jsonl", weight = 1}}')
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -115,6 +121,13 @@ def _coerce(value, hint, key: str):
             return value
         raise ConfigError(f"{key}={value!r} must be a string")
     raise TypeError(f"unsupported config type {hint} for {key}")  # a bug in sections.py, not user input
+
+
+def _toml_value(text: str, key: str):
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{key}={text!r} is not a valid TOML array: {e}") from None
 
 
 def _apply(config: JobConfig, section: str, key: str, value, source: str) -> None:
@@ -165,6 +178,8 @@ def to_toml(config: JobConfig) -> str:
             return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
         if isinstance(v, list):
             return "[" + ", ".join(fmt(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {fmt(x)}" for k, x in v.items()) + "}"
         if v is None:
             return '""'
         return repr(v)

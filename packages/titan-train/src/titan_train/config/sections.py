@@ -32,6 +32,13 @@ class Model:
     125M)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
+    attention_mask: Literal["causal", "block_causal"] = "causal"
+    """"causal": a token attends to every earlier token of its packed sequence, across document boundaries;
+    "block_causal": only to earlier tokens of its own document (documents start at each BOS token the packer
+    puts in; works with every parallelism, context parallel included)."""
+    positions: Literal["sequence", "document"] = "sequence"
+    """RoPE positions: "sequence" counts from the start of each packed sequence; "document" restarts at 0 at
+    every document (each BOS token), as if each document were alone."""
 
 
 @dataclass
@@ -48,10 +55,17 @@ class Training:
     max_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 turns clipping off."""
     dataset: str = "kjv"
-    """Dataset: "kjv" (embedded, no download), "text" (files at dataset_path: .txt, .jsonl, .jsonl.gz or a
-    folder of them) or "hf:<name>" (a Hugging Face dataset; needs the datasets package)."""
+    """Dataset: "kjv" (embedded, no download), "text" (files at dataset_path: .txt or .jsonl, plain, .gz or
+    .zst; .parquet; a folder of them; or a folder written by `titan-data tokenize`) or "hf:<name>" (a Hugging
+    Face dataset; needs the datasets package)."""
     dataset_path: str = ""
     """Path for the "text" dataset (file or folder)."""
+    dataset_text_field: str = "text"
+    """The field of a JSONL record, Parquet column or Hugging Face column that holds the document's text."""
+    dataset_mixture: list[dict] = field(default_factory=list)
+    """Train on several sources at once, instead of dataset / dataset_path: [{path = "a.parquet", weight = 3},
+    {path = "b_tokens", weight = 1}, {dataset = "kjv", weight = 1}]. Weights are shares of documents (any
+    scale); each source cycles on its own; an entry may set its own text_field. CLI: the same TOML array."""
     dataloader_num_workers: int = 0
     """Worker processes for data loading (0 loads in the training process)."""
     mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
@@ -63,6 +77,10 @@ class Training:
     """Seed for weight init and every RNG."""
     deterministic: bool = False
     """Use deterministic algorithms only (slower; bit-reproducible runs)."""
+    loss_chunk_tokens: int = 0
+    """> 0: compute the output projection and cross entropy this many tokens at a time, recomputing each
+    chunk's logits in backward, so the logits of all tokens never exist at once (same loss and gradients);
+    0: the plain loss. Off by default: it costs one more output matmul in backward (tools/bench_memory.py)."""
 
 
 @dataclass
@@ -105,6 +123,13 @@ class Parallelism:
     """Ranks each layer's matmuls are split over (tensor + sequence parallel)."""
     enable_loss_parallel: bool = True
     """With tensor parallel, compute the loss on vocab-sharded logits (no all-gather of logits)."""
+    enable_async_tensor_parallel: bool = False
+    """With tensor parallel: overlap the sequence-parallel all-gathers and reduce-scatters with the matmuls,
+    in chunks (micro-pipelined TP; same results). No effect without tensor parallel."""
+    async_tensor_parallel_implementation: Literal["auto", "titan", "symmetric_memory"] = "auto"
+    """"titan": eager chunked collectives, any device; "symmetric_memory": torch's inductor pass (CUDA,
+    compile.enable with the inductor backend, the TP group on one node); "auto": symmetric_memory where it
+    can run, else titan."""
     pipeline_parallel_degree: int = 1
     """Pipeline stages over ranks."""
     pipeline_parallel_schedule: str = "1F1B"
@@ -145,11 +170,15 @@ class Parallelism:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: Literal["none", "selective", "full"] = "none"
-    """Recompute activations in backward instead of keeping them: none, selective, or full (every block)."""
+    mode: Literal["none", "selective", "full", "auto"] = "none"
+    """Recompute activations in backward instead of keeping them: none, selective, full (every block), or
+    auto (per block the least recompute whose predicted peak fits memory_budget_gib)."""
     selective_ac_option: str = "op"
     """With mode = "selective": "op" keeps matmul/attention outputs and recomputes the cheap ops in between;
     an integer N checkpoints every Nth block."""
+    memory_budget_gib: float = 0.0
+    """With mode = "auto": the per-rank peak to fit (parameters, AdamW state, the step's tensors) in GiB;
+    0 means the GPU's capacity (a budget is needed on CPU)."""
 
 
 @dataclass
@@ -240,6 +269,26 @@ class Debug:
 
 
 @dataclass
+class Validation:
+    enable: bool = False
+    """Every `freq` steps, evaluate the loss on a held-out dataset, forward only, on the training layout."""
+    dataset: str = "kjv_validation"
+    """Dataset evaluated, named as training.dataset: "kjv_validation" (the chapters of the embedded corpus
+    that "kjv" leaves out), "text" (with validation.dataset_path) or "hf:<name>"."""
+    dataset_path: str = ""
+    """Path for the "text" dataset (file or folder)."""
+    local_batch_size: int = -1
+    """Sequences per batch on each data-parallel rank; -1: training.local_batch_size (which it must be with
+    pipeline parallelism)."""
+    seq_len: int = -1
+    """Tokens per sequence; -1: training.seq_len (which it must be with context parallelism)."""
+    freq: int = 10
+    """Steps between evaluations (also after the last step)."""
+    steps: int = -1
+    """Batches per evaluation; -1 evaluates the whole dataset once (each evaluation sees the same batches)."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -255,3 +304,4 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
     debug: Debug = field(default_factory=Debug)
+    validation: Validation = field(default_factory=Validation)

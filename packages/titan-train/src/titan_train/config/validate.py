@@ -78,6 +78,7 @@ def validate(config: JobConfig) -> None:
         )
     _validate_model(config)
     _validate_inputs(config)
+    _validate_documents_and_validation(config)
 
 
 def _validate_switched_off_values(config: JobConfig) -> None:
@@ -115,18 +116,27 @@ def _validate_model(config: JobConfig) -> None:
 
 
 def _validate_inputs(config: JobConfig) -> None:
-    """The dataset and tokenizer exist, checked without reading them."""
+    """The dataset and tokenizer exist; the first record of each data file is read (data/checks.py)."""
     from pathlib import Path
 
-    from titan_train.data import resolve_dataset
+    from titan_train.data import check_dataset, resolve_dataset
 
-    try:
-        resolve_dataset(config.training.dataset, config.training.dataset_path)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(str(e)) from None
+    t = config.training
     path = config.model.tokenizer_path
     if path and not (Path(path).expanduser().is_file() or (Path(path).expanduser() / "tokenizer.json").is_file()):
         raise ConfigError(
             f"model.tokenizer_path={path!r}: no tokenizer.json there; give a tokenizer.json, a folder holding one "
             "(Hugging Face layout), or leave it empty for the tokenizer shipped with titan-train"
         )
+    try:
+        check_dataset(resolve_dataset(t.dataset, t.dataset_path, t.dataset_text_field, t.dataset_mixture), path)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _validate_documents_and_validation(config: JobConfig) -> None:
+    from titan_train.documents import check_document_masking
+    from titan_train.validation import check_validation
+
+    check_document_masking(config)
+    check_validation(config)

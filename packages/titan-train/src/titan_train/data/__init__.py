@@ -1,7 +1,15 @@
 """Training data: document sources, packing into fixed-length samples, the stateful dataloader."""
 
+from titan_train.data.checks import check_dataset
 from titan_train.data.dataset import PackedTokenDataset
 from titan_train.data.loader import TokenDataLoader, build_dataloader
 from titan_train.data.sources import DocumentSource, resolve_dataset
 
-__all__ = ["DocumentSource", "PackedTokenDataset", "TokenDataLoader", "build_dataloader", "resolve_dataset"]
+__all__ = [
+    "DocumentSource",
+    "PackedTokenDataset",
+    "TokenDataLoader",
+    "build_dataloader",
+    "check_dataset",
+    "resolve_dataset",
+]

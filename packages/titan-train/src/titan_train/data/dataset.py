@@ -1,6 +1,7 @@
 """Documents -> fixed-length training samples: tokenize, frame with BOS/EOS, concatenate, cut into windows.
 
-Each document becomes BOS + tokens + EOS; the stream of documents is concatenated and cut into
+Each document becomes BOS + tokens + EOS (a pre-tokenized document, an array of ids, skips the tokenizer
+and is framed the same way); the stream of documents is concatenated and cut into
 non-overlapping windows of seq_len + 1 tokens, and a window w gives inputs w[:-1] and labels w[1:] (as
 TorchTitan's HuggingFaceDataset). Documents are sharded over data-parallel ranks by their global position
 in the epoch's order: position i goes to rank i % dp_world_size. DataLoader workers split a rank's share
@@ -106,9 +107,15 @@ class PackedTokenDataset(IterableDataset, Stateful):
         mine = ((p, text) for p, text in docs if p % world == rank and not (skip and covers(skip, self._epoch, p)))
         size = _FIRST_CHUNK
         while chunk := list(islice(mine, size)):
-            ids = self.tokenizer.encode_batch([text for _, text in chunk])
-            yield from zip((p for p, _ in chunk), ids, strict=True)
+            texts = [doc for _, doc in chunk if isinstance(doc, str)]
+            encoded = iter(self.tokenizer.encode_batch(texts) if texts else ())
+            for p, doc in chunk:
+                yield p, next(encoded) if isinstance(doc, str) else self._framed(doc)
             size = min(2 * size, _LAST_CHUNK)
+
+    def _framed(self, tokens) -> list[int]:
+        """A pre-tokenized document (an array of ids, tokens.py) framed as the tokenizer frames text."""
+        return [self.tokenizer.bos_id, *tokens.tolist(), self.tokenizer.eos_id]
 
     def _reader_shard(self) -> tuple[int, int]:
         """(index, count) of this reader among all readers: dp ranks, each split over its workers."""

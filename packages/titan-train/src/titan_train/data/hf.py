@@ -1,6 +1,7 @@
 """Documents from a Hugging Face dataset (`training.dataset = "hf:<name>"`), with the optional `datasets`.
 
-The dataset is opened in streaming mode, split "train", and its "text" column is the document. With
+The dataset is opened in streaming mode, split "train", and its text column (`training.dataset_text_field`,
+default "text") is the document. With
 `training.dataset_path` set, that local folder (a clone of the dataset repo) is read instead of the hub,
 as TorchTitan does for c4. `hf:<name>:<config>` picks a configuration, e.g. `hf:allenai/c4:en`.
 """
@@ -18,8 +19,8 @@ def datasets_installed() -> bool:
 
 
 class HuggingFaceSource:
-    def __init__(self, name: str, config: str | None = None, local_path: str | None = None):
-        self.hub_name, self.config, self.local_path = name, config, local_path
+    def __init__(self, name: str, config: str | None = None, local_path: str | None = None, text_field: str = "text"):
+        self.hub_name, self.config, self.local_path, self.text_field = name, config, local_path, text_field
         self.name = f"hf:{name}" + (f":{config}" if config else "")
 
     def documents(self, start: int = 0) -> Iterator[str]:
@@ -29,4 +30,4 @@ class HuggingFaceSource:
         if start:
             ds = ds.skip(start)
         for row in ds:
-            yield row["text"]
+            yield row[self.text_field]

@@ -32,11 +32,13 @@ def build_dataloader(
     num_workers: int = 0,
     seed: int | None = None,
     infinite: bool = True,
+    text_field: str = "text",
+    mixture: list[dict] | None = None,
 ) -> TokenDataLoader:
     """Batches of (inputs, labels), LongTensors of shape [local_batch_size, seq_len], for one dp rank.
 
     `seed` shuffles each epoch's document order (within blocks of 1024 documents, the same on every rank);
-    None keeps the source's order.
+    None keeps the source's order. `mixture` (training.dataset_mixture) replaces dataset and dataset_path.
     """
     for field, value in (("training.seq_len", seq_len), ("training.local_batch_size", local_batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -45,7 +47,9 @@ def build_dataloader(
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if num_workers < 0:
         raise ValueError(f"num_workers={num_workers} must be >= 0")
-    source = resolve_dataset(dataset, dataset_path)
+    if mixture and not infinite:
+        raise ValueError("training.dataset_mixture is endless (each source cycles); it cannot be read once through")
+    source = resolve_dataset(dataset, dataset_path, text_field, mixture)
     ds = PackedTokenDataset(source, tokenizer, seq_len, dp_rank, dp_world_size, seed=seed, infinite=infinite)
     with warnings.catch_warnings():
         # torchdata 0.11 calls the deprecated torch.set_vital in its constructor; nothing for users to act on.

@@ -1,11 +1,17 @@
 """Where documents come from: `training.dataset` (+ `training.dataset_path`) -> a document source.
 
     dataset = "kjv"          the embedded King James Bible, one document per chapter (the default)
-    dataset = "text"         dataset_path = a .txt / .jsonl / .jsonl.gz file or a folder of them (files.py)
+    dataset = "text"         dataset_path = a .txt / .jsonl / .parquet file (.gz / .zst compressed), a folder of
+                             them (files.py), or a folder written by `titan-data tokenize` (tokens.py)
     dataset = "hf:<name>"    a Hugging Face dataset, needs `datasets` (hf.py)
+    dataset_mixture = [...]  several of these, weighted (mixture.py)
 
-A source is anything with a `name` and `documents(start)` yielding the text of documents start, start+1,
-... in a fixed order. Indices are global over the whole dataset: sharding and resume are built on them.
+A source is anything with a `name` and `documents(start)` yielding documents start, start+1, ... in a fixed
+order: texts, or arrays of token ids (pre-tokenized). Indices are global over the whole dataset: sharding
+and resume are built on them.
+
+`resolve_dataset` checks the config without opening data; `check_dataset` then reads the first record of
+every file (cheap), so a missing field, an unreadable file or an empty dataset stops the run before it starts.
 """
 
 from __future__ import annotations
@@ -15,45 +21,74 @@ import importlib.resources
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from titan_train.data.files import SUFFIXES, LocalFiles, is_supported
+from titan_train.data.files import SUFFIXES, LocalFiles, is_supported, missing_package
 from titan_train.data.hf import INSTALL_HINT, HuggingFaceSource, datasets_installed
+from titan_train.data.mixture import Mixture, parse_mixture
+from titan_train.data.tokens import TokenFolder, is_token_folder
 
 __all__ = ["DocumentSource", "EmbeddedCorpus", "resolve_dataset", "DEFAULT_DATASET"]
 
 DEFAULT_DATASET = "kjv"
 _CHOICES = (
     "'kjv' (the embedded King James Bible, default), 'text' (with training.dataset_path = a "
-    ".txt/.jsonl/.jsonl.gz file or a folder of them) or 'hf:<name>' (a Hugging Face dataset)"
+    ".txt/.jsonl/.parquet file, .gz or .zst compressed, a folder of them, or a folder written by "
+    "`titan-data tokenize`) or 'hf:<name>' (a Hugging Face dataset)"
 )
 
 
 class DocumentSource(Protocol):
     name: str
 
-    def documents(self, start: int = 0) -> Iterator[str]: ...
+    def documents(self, start: int = 0) -> Iterator[Any]: ...
+
+
+HELD_OUT_BOOKS = ("Ruth", "Esther", "Proverbs", "Ecclesiastes", "Song of Solomon", "Jonah", "Hebrews", "James")
+"""Books of the embedded corpus kept for validation ("kjv_validation": 87 chapters, 64k tokens, at least one
+8 x 256-token batch per rank on up to 16 data-parallel ranks); "kjv" never has them."""
 
 
 class EmbeddedCorpus:
-    """The King James Bible shipped in titan_train/assets/kjv.jsonl.gz: 1189 chapters, 4.1 M characters."""
+    """The King James Bible shipped in titan_train/assets/kjv.jsonl.gz: 1189 chapters, 4.1 M characters, one
+    document per chapter. split "train" ("kjv") is every chapter but those of HELD_OUT_BOOKS; "validation"
+    ("kjv_validation") is only those."""
 
-    name = "kjv"
-
-    def __init__(self):
+    def __init__(self, split: str = "train"):
+        self.split, self.name = split, "kjv" if split == "train" else "kjv_validation"
         self._texts: list[str] | None = None
 
     def documents(self, start: int = 0) -> Iterator[str]:
         if self._texts is None:
             asset = importlib.resources.files("titan_train") / "assets" / "kjv.jsonl.gz"
             with asset.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
-                self._texts = [json.loads(line)["text"] for line in f]
+                rows = [json.loads(line) for line in f]
+            held_out = self.split == "validation"
+            self._texts = [r["text"] for r in rows if (r["id"].rpartition(" ")[0] in HELD_OUT_BOOKS) == held_out]
         return iter(self._texts[start:])
 
 
-def resolve_dataset(dataset: str | None, dataset_path: str | None = None) -> DocumentSource:
-    """Check `training.dataset` / `training.dataset_path` and return the source. Cheap: opens no data."""
-    dataset = dataset or DEFAULT_DATASET
+def resolve_dataset(
+    dataset: str | None,
+    dataset_path: str | None = None,
+    text_field: str = "text",
+    mixture: list[dict] | None = None,
+) -> DocumentSource:
+    """Check `training.dataset` / `dataset_path` / `dataset_text_field` / `dataset_mixture` and return the
+    source. Cheap: opens no data (see check_dataset)."""
+    if not isinstance(text_field, str) or not text_field:
+        raise ValueError(f"training.dataset_text_field={text_field!r} must name the field holding the text")
+    if mixture:
+        if dataset_path or (dataset or DEFAULT_DATASET) != DEFAULT_DATASET:
+            raise ValueError(
+                f"training.dataset_mixture is set, and so are training.dataset={dataset!r} / training.dataset_path="
+                f"{dataset_path!r}; the mixture names its own sources: leave those two unset"
+            )
+        return Mixture(*parse_mixture(mixture, _resolve_one, text_field))
+    return _resolve_one(dataset or DEFAULT_DATASET, dataset_path, text_field)
+
+
+def _resolve_one(dataset: str, dataset_path: str | None, text_field: str) -> DocumentSource:
     if dataset == "kjv":
         if dataset_path:
             raise ValueError(
@@ -62,8 +97,10 @@ def resolve_dataset(dataset: str | None, dataset_path: str | None = None) -> Doc
                 f"to train on your files"
             )
         return EmbeddedCorpus()
+    if dataset == "kjv_validation" and not dataset_path:
+        return EmbeddedCorpus("validation")
     if dataset == "text":
-        return _local_files(dataset_path)
+        return _local_files(dataset_path, text_field)
     if dataset.startswith("hf:"):
         name, _, config = dataset[len("hf:") :].partition(":")
         if not name:
@@ -73,24 +110,33 @@ def resolve_dataset(dataset: str | None, dataset_path: str | None = None) -> Doc
                 f"training.dataset={dataset!r} needs the Hugging Face `datasets` package, "
                 f"which is not installed: {INSTALL_HINT}"
             )
-        return HuggingFaceSource(name, config or None, dataset_path or None)
+        return HuggingFaceSource(name, config or None, dataset_path or None, text_field)
     raise ValueError(f"training.dataset={dataset!r} is not a known dataset; use {_CHOICES}")
 
 
-def _local_files(dataset_path: str | None) -> LocalFiles:
+def _local_files(dataset_path: str | None, text_field: str) -> DocumentSource:
     if not dataset_path:
         raise ValueError(
-            "training.dataset='text' needs training.dataset_path: a .txt, .jsonl or .jsonl.gz file, or a folder of them"
+            "training.dataset='text' needs training.dataset_path: a .txt, .jsonl or .parquet file (.gz/.zst "
+            "compressed), a folder of them, or a folder written by `titan-data tokenize`"
         )
     path = Path(dataset_path).expanduser()
     if not path.exists():
         raise ValueError(f"training.dataset_path={dataset_path!r} does not exist")
+    if is_token_folder(path):
+        try:
+            return TokenFolder(path)
+        except ValueError as e:
+            raise ValueError(f"training.dataset_path={dataset_path!r}: {e}") from None
     if path.is_file() and not is_supported(path):
         raise ValueError(
             f"training.dataset_path={dataset_path!r} is not a supported file; use one ending in "
             f"{', '.join(SUFFIXES)}, or a folder of such files"
         )
-    source = LocalFiles(path)
+    source = LocalFiles(path, text_field)
     if not source.files:
         raise ValueError(f"training.dataset_path={dataset_path!r} is a folder with no {'/'.join(SUFFIXES)} files")
+    for file in source.files:
+        if needed := missing_package(file):
+            raise ImportError(f"training.dataset_path={dataset_path!r}: reading {file} needs {needed[0]}: {needed[1]}")
     return source

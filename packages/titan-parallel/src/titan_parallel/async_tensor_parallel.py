@@ -1,0 +1,180 @@
+"""Async tensor parallel: the sequence-parallel all-gather before the column-wise projections and the
+reduce-scatter after the row-wise ones, micro-pipelined with the matmuls. Two implementations:
+
+    "titan"             eager, any backend: a plan's plain styles become AsyncColwiseParallel /
+                        AsyncRowwiseParallel, whose forward runs async_tp_ops' chunked collectives.
+    "symmetric_memory"  torch's: the plain styles stay, and inductor's micro-pipeline pass rewrites the
+                        compiled all-gather + matmul / matmul + reduce-scatter into SymmetricMemory kernels
+                        (CUDA, torch.compile with inductor, the TP group on one node).
+
+    plan = async_tp_plan(plan)                                      # "titan"
+    reason = symmetric_memory_unavailable(device_type, compile_backend, tp, gpus_per_node)
+    enable_symmetric_memory_async_tp()                              # "symmetric_memory", before compiling
+
+Only the default-shaped entries of a Megatron-style plan change: a module whose input PrepareModuleInput
+gathers from Shard(1) to Replicate keeps it Shard(1) instead, so that its ColwiseParallel children can
+gather it chunk by chunk; the first child to see that input gathers it and leaves the gathered tensor on
+it for its siblings (wq gathers, wk and wv reuse: one all-gather per module, as plain TP). Row-wise entries
+whose output goes back to Shard(1) reduce-scatter chunk by chunk. Other entries, and modules that are not
+exactly nn.Linear (e.g. Float8Linear, whose matmul must stay its own), keep the plain styles. The async
+layers wait on collectives between matmuls, so they run eagerly (torch.compiler.disable): a block compiled
+whole (fullgraph) cannot hold them; "symmetric_memory" is the compiled path.
+"""
+
+import copy
+from functools import partial
+from types import MethodType
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+from titan_parallel.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
+
+DEFAULT_CHUNKS = 4
+"""Chunks per collective (fewer where a rank holds fewer sequence rows): more chunks overlap more of the
+transfer, at the cost of smaller matmuls and more messages."""
+
+IMPLEMENTATIONS = ("titan", "symmetric_memory")
+
+_GATHERED = "_titan_async_tp_gathered"  # attribute of a module input: (group, its gathered tensor)
+
+
+class AsyncColwiseParallel(ColwiseParallel):
+    """ColwiseParallel whose sequence-sharded (Shard(1)) input is all-gathered in chunks overlapped with
+    the matmul. Same parameters (weight Shard(0)) and output (local, Shard(-1)) as ColwiseParallel()."""
+
+    def __init__(self, chunks: int = DEFAULT_CHUNKS):
+        super().__init__(input_layouts=Shard(1))
+        self.chunks = chunks
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.Linear:  # a subclass's own forward (Float8Linear) must run: plain style
+            return ColwiseParallel(input_layouts=Shard(1))._apply(module, device_mesh)
+        parallel = super()._apply(module, device_mesh)
+        _run_forward(module, _colwise_forward, device_mesh, self.chunks)
+        return parallel
+
+    @staticmethod
+    def _prepare_input_fn(input_layouts, desired_input_layouts, mod, inputs, device_mesh):
+        # The input object itself is kept: siblings find the gathered tensor on it.
+        x = inputs[0]
+        if not isinstance(x, DTensor):
+            return DTensor.from_local(x, device_mesh, (Shard(1),), run_check=False)
+        return x if x.placements == (Shard(1),) else x.redistribute(device_mesh, (Shard(1),))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return outputs
+
+
+def _run_forward(module: nn.Module, forward, mesh: DeviceMesh, chunks: int) -> None:
+    """Make `forward` the module's forward (an instance attribute: other Linears, and the class, unchanged)."""
+    module.forward = MethodType(partial(forward, group=mesh.get_group(), chunks=chunks), module)
+
+
+@torch.compiler.disable  # eager collectives; a compiled block runs this layer between its graphs
+def _colwise_forward(module: nn.Linear, x: DTensor, *, group, chunks: int) -> torch.Tensor:
+    weight = module.weight.to_local()
+    shared = getattr(x, _GATHERED, None)
+    if shared is not None and shared[0] is group:
+        out = F.linear(shared[1], weight)
+    else:
+        local = x.to_local()
+        out, gathered = all_gather_matmul(local, weight, group, min(chunks, local.shape[1]))
+        setattr(x, _GATHERED, (group, gathered))
+    return out if module.bias is None else out + module.bias.to_local()
+
+
+class AsyncRowwiseParallel(RowwiseParallel):
+    """RowwiseParallel(output_layouts=Shard(1)) whose reduce-scatter runs in chunks, each overlapped with the
+    next chunk's matmul. Same parameters (weight Shard(1), bias Replicate) and local Shard(1) output."""
+
+    def __init__(self, chunks: int = DEFAULT_CHUNKS):
+        super().__init__(output_layouts=Shard(1))
+        self.chunks = chunks
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if type(module) is not nn.Linear:
+            return RowwiseParallel(output_layouts=Shard(1))._apply(module, device_mesh)
+        parallel = super()._apply(module, device_mesh)
+        _run_forward(module, _rowwise_forward, device_mesh, self.chunks)
+        return parallel
+
+    @staticmethod
+    def _prepare_input_fn(input_layouts, desired_input_layouts, mod, inputs, device_mesh):
+        x = inputs[0]
+        if isinstance(x, DTensor):
+            x = x.redistribute(device_mesh, (Shard(-1),)).to_local()
+        return x
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return outputs
+
+
+@torch.compiler.disable
+def _rowwise_forward(module: nn.Linear, x: torch.Tensor, *, group, chunks: int) -> torch.Tensor:
+    rows = x.shape[1] // group.size()
+    out = matmul_reduce_scatter(x, module.weight.to_local(), group, min(chunks, max(rows, 1)))
+    return out if module.bias is None else out + module.bias.to_local()
+
+
+def async_tp_plan(plan: dict, chunks: int = DEFAULT_CHUNKS) -> dict:
+    """`plan` with its sequence-parallel gathers and reduce-scatters micro-pipelined (module docstring)."""
+    gathering = {fqn for fqn, style in plan.items() if _gathers_sequence(style)}
+    result = {}
+    for fqn, style in plan.items():
+        if fqn in gathering:
+            result[fqn] = copy.copy(style)
+            result[fqn].desired_input_layouts = (Shard(1), *style.desired_input_layouts[1:])
+        elif _is_default(style, ColwiseParallel, Replicate(), Shard(-1)) and fqn.rpartition(".")[0] in gathering:
+            result[fqn] = AsyncColwiseParallel(chunks)
+        elif _is_default(style, RowwiseParallel, Shard(-1), Shard(1)):
+            result[fqn] = AsyncRowwiseParallel(chunks)
+        else:
+            result[fqn] = style
+    return result
+
+
+def _gathers_sequence(style) -> bool:
+    return (
+        type(style) is PrepareModuleInput
+        and bool(style.input_layouts)
+        and style.input_layouts[0] == Shard(1)
+        and style.desired_input_layouts[0] == Replicate()
+    )
+
+
+def _is_default(style, kind: type, input_layout, output_layout) -> bool:
+    return (
+        type(style) is kind
+        and style.input_layouts == (input_layout,)
+        and style.output_layouts == (output_layout,)
+        and style.use_local_output
+    )
+
+
+def symmetric_memory_unavailable(
+    device_type: str, compile_backend: str | None, tp: int, gpus_per_node: int
+) -> str | None:
+    """Why torch's SymmetricMemory async TP cannot run here (None if it can): it is an inductor pass over
+    compiled graphs, with CUDA kernels that map every TP rank's memory, so the TP group must fit one node."""
+    if device_type != "cuda":
+        return f"it needs CUDA GPUs (this run's device is {device_type})"
+    if compile_backend != "inductor":
+        return "it is an inductor pass: it needs torch.compile with the inductor backend"
+    if tp > gpus_per_node:
+        return f"the tensor-parallel group ({tp} ranks) must fit on one node ({gpus_per_node} GPUs here)"
+    return None
+
+
+def enable_symmetric_memory_async_tp() -> None:
+    """Switch on inductor's micro-pipeline TP pass (process-wide; before the first compile). torch 2.13 sets
+    up symmetric memory for a group on first use (enable_symm_mem_for_group is deprecated there)."""
+    import torch._inductor.config  # not imported by torch itself until something compiles
+
+    torch._inductor.config._micro_pipeline_tp = True
