@@ -67,7 +67,9 @@ def emulated_dp_batches(trainer: Trainer, world: int):
         yield next(loaders[k])
 
 
-def main(argv: list[str]) -> None:
+def emulating_trainer(argv: list[str]) -> tuple[str, int, Trainer]:
+    """OUT, the emulated data-parallel degree and the Trainer, from `OUT [--emulate-dp W] [options...]`
+    (after init_distributed: the caller runs shutdown_distributed)."""
     out, rest = argv[0], argv[1:]
     emulate = 1
     if rest[:1] == ["--emulate-dp"]:
@@ -75,11 +77,16 @@ def main(argv: list[str]) -> None:
     config = load_config(parse_argv(rest))
     if emulate > 1:
         config.training.global_batch_size = config.training.local_batch_size * emulate
-    env = init_distributed(config)
+    trainer = Trainer(config, init_distributed(config))
+    if emulate > 1:
+        trainer.data_iter = emulated_dp_batches(trainer, emulate)
+    return out, emulate, trainer
+
+
+def main(argv: list[str]) -> None:
     try:
-        trainer = Trainer(config, env)
-        if emulate > 1:
-            trainer.data_iter = emulated_dp_batches(trainer, emulate)
+        out, _, trainer = emulating_trainer(argv)
+        config, env = trainer.config, trainer.env
         applied = every_rank(trainer.parallel_model.applied_layout())
         losses, norms, grads = [], [], None
         for step in range(config.training.steps):

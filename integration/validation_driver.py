@@ -14,11 +14,9 @@ import sys
 
 import torch
 
-from parity_driver import emulated_dp_batches
-from titan_train.config import load_config, parse_argv
+from parity_driver import emulating_trainer
 from titan_train.data import build_dataloader
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.train import Trainer
+from titan_train.distributed import shutdown_distributed
 from titan_train.validation import Validator
 
 
@@ -35,18 +33,9 @@ def emulated_validation_loss(validator: Validator, world: int) -> float:
 
 
 def main(argv: list[str]) -> None:
-    out, rest = argv[0], argv[1:]
-    emulate = 1
-    if rest[:1] == ["--emulate-dp"]:
-        emulate, rest = int(rest[1]), rest[2:]
-    config = load_config(parse_argv(rest))
-    if emulate > 1:
-        config.training.global_batch_size = config.training.local_batch_size * emulate
-    env = init_distributed(config)
     try:
-        trainer = Trainer(config, env)
-        if emulate > 1:
-            trainer.data_iter = emulated_dp_batches(trainer, emulate)
+        out, emulate, trainer = emulating_trainer(argv)
+        config, env = trainer.config, trainer.env
         validator = Validator(config, trainer.parallel_model, trainer.tokenizer, env.device)
         losses = [trainer.step()[0] for _ in range(config.training.steps)]
         if emulate > 1:

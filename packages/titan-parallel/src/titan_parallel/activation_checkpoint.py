@@ -85,24 +85,13 @@ def apply_ac(model: nn.Module, block_fqns: list[str], mode: str, selective_optio
         raise ValueError("mode='auto' chooses a policy per block: use apply_ac_policies with ac_budget's choice")
     if mode == "none":
         return
-    every_nth = 1
-    context_fn = None
-    if mode == "selective":
-        if selective_option == "op":
-            context_fn = _op_sac_contexts
-        else:
-            every_nth = int(selective_option)
-
-    for position, fqn in enumerate(block_fqns, start=1):
-        if position % every_nth:
-            continue
-        parent_fqn, _, name = fqn.rpartition(".")
-        try:
-            parent = model.get_submodule(parent_fqn)
-            block = parent.get_submodule(name)
-        except AttributeError:  # on another pipeline stage
-            continue
-        _wrap(parent, name, block, context_fn)
+    if mode == "full" or selective_option == "op":
+        policy = "full" if mode == "full" else "op"
+        policies = [policy] * len(block_fqns)
+    else:  # every Nth block of the whole model, counting from 1
+        every_nth = int(selective_option)
+        policies = ["full" if position % every_nth == 0 else "none" for position in range(1, len(block_fqns) + 1)]
+    apply_ac_policies(model, block_fqns, policies)
 
 
 def apply_ac_policies(model: nn.Module, block_fqns: list[str], policies: list[str] | tuple[str, ...]) -> None:
@@ -121,12 +110,8 @@ def apply_ac_policies(model: nn.Module, block_fqns: list[str], policies: list[st
             block = parent.get_submodule(name)
         except AttributeError:  # on another pipeline stage
             continue
-        _wrap(parent, name, block, _op_sac_contexts if policy == "op" else None)
-
-
-def _wrap(parent: nn.Module, name: str, block: nn.Module, context_fn) -> None:
-    kwargs = {"context_fn": context_fn} if context_fn is not None else {}
-    parent.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))
+        kwargs = {"context_fn": _op_sac_contexts} if policy == "op" else {}
+        parent.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))
 
 
 def _op_sac_policy():

@@ -6,6 +6,7 @@ Besides the names, `hf:<folder>` is the shape a Hugging Face folder's config.jso
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -58,16 +59,6 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             vocab_size=2048,
             max_seq_len=512,
             rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=128),
-        ),
-        "tiny-3.2": Llama3Args(
-            dim=64,
-            n_layers=4,
-            n_heads=4,
-            n_kv_heads=2,
-            vocab_size=2048,
-            max_seq_len=512,
-            rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=128),
-            tie_word_embeddings=True,
         ),
         # TorchTitan's debugmodel: the model the integration tests train.
         "debug": Llama3Args(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000),
@@ -134,3 +125,4 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
         ),
     }
 )
+FLAVORS["tiny-3.2"] = dataclasses.replace(FLAVORS["tiny-3.1"], tie_word_embeddings=True)
