@@ -51,6 +51,9 @@ CASES = [
     ("tp2_async", 2, 1, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP]),
     ("fsdp2_tp2_async_ac_op", 4, 2, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP,
                                      "--activation_checkpoint.mode", "selective"]),
+    # Compiled blocks with Titan's async layers between their graphs (the block compiles in pieces).
+    ("tp2_async_compile_ac_op", 2, 1, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP,
+                                       "--compile.enable", "true", "--activation_checkpoint.mode", "selective"]),
     ("tp2_cp2_async_ac_full", 4, 1, ["--parallelism.context_parallel_degree", "2",
                                      "--parallelism.tensor_parallel_degree", "2", *ASYNC_TP,
                                      "--activation_checkpoint.mode", "full"]),

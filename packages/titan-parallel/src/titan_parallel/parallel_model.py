@@ -114,7 +114,9 @@ def build_parallel_model(
         elif ac.mode != "none":
             apply_ac(part, plan.block_fqns, ac.mode, ac.selective_option)  # every Nth counts all blocks
         if layout.compile_backend is not None:
-            apply_compile(part, blocks, backend=layout.compile_backend)
+            # Titan's async TP layers run eagerly between a block's graphs: the block compiles in pieces.
+            fullgraph = layout.async_tensor_parallel != "titan"
+            apply_compile(part, blocks, backend=layout.compile_backend, fullgraph=fullgraph)
         _apply_data_parallel(part, blocks, layout)
         _materialize(part, device, seed, positions)
         return part

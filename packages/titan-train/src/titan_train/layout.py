@@ -7,6 +7,7 @@ Checks that do not depend on the world size run first, so a degree that cannot f
 such, not as a world-size mismatch.
 """
 
+import logging
 import os
 import re
 
@@ -27,6 +28,8 @@ from titan_parallel import (
     symmetric_memory_unavailable,
 )
 from titan_train.config import ConfigError, JobConfig
+
+logger = logging.getLogger("titan")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -133,13 +136,10 @@ def _async_tensor_parallel(config: JobConfig, tp: int) -> str | None:
         )
     chosen = ("titan" if reason is not None else "symmetric_memory") if asked == "auto" else asked
     if chosen == "titan" and config.compile.enable:
-        # Its layers wait on collectives between matmuls: compiled blocks (whole graphs) cannot hold them.
-        why = f"torch's symmetric_memory cannot run here ({reason}) and " if asked == "auto" else ""
-        raise ConfigError(
-            f"parallelism.enable_async_tensor_parallel=true with compile.enable=true: {why}Titan's async TP "
-            f"(parallelism.async_tensor_parallel_implementation={asked!r}) runs eager collectives that compiled "
-            "blocks cannot contain; use compile.enable=false, or async_tensor_parallel_implementation="
-            "'symmetric_memory' on CUDA GPUs"
+        logger.info(
+            "async TP: Titan's implementation with compile.enable=true: each block compiles in pieces, the "
+            "async layers running eagerly between them"
+            + (f" (torch's symmetric_memory cannot run here: {reason})" if asked == "auto" else "")
         )
     return chosen
 
