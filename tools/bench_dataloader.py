@@ -12,6 +12,13 @@ Llama 3 model's optimizer steps (forward, backward, AdamW; float32, one process;
 else this machine's CPU threads) on batches of the same shape. With in-process loading each step waits for its
 batch, so consumed / (consumed + delivered) is the data-time fraction the trainer would report in
 metrics.jsonl (data_time_frac), printed as the last column.
+
+The second table is what the layout-invariant order (training.data_order = "global") costs one data-parallel
+rank at --dp-sizes ranks, against the document-sharded order: every rank of the global order packs the whole
+stream and keeps 1/dp of it, so it tokenizes dp tokens per token it delivers, the sharded order about 1 (its
+tokenizer's encode_batch calls are counted; both read ahead up to 256 documents, which adds to the count over
+a short run). Rank 0's loader, raw text (jsonl) and pre-tokenized, timed over
+--order-batches batches after its first.
 """
 
 from __future__ import annotations
@@ -59,14 +66,37 @@ def write_corpus(folder: Path, copies: int) -> dict[str, Path]:
     return paths
 
 
-def loader_tokens_per_second(path: Path, tokenizer, batch: int, seq_len: int, batches: int) -> float:
-    loader = build_dataloader("text", str(path), tokenizer, seq_len=seq_len, local_batch_size=batch, seed=42)
+class CountingTokenizer:
+    """The trainer's tokenizer, counting the tokens its encode_batch calls produce."""
+
+    def __init__(self, tokenizer):
+        self.inner, self.encoded = tokenizer, 0
+        self.bos_id, self.eos_id = tokenizer.bos_id, tokenizer.eos_id
+
+    def encode_batch(self, texts):
+        out = self.inner.encode_batch(texts)
+        self.encoded += sum(map(len, out))
+        return out
+
+
+def loader_tokens_per_second(
+    path: Path, tokenizer, batch: int, seq_len: int, batches: int, dp: int = 1, order: str = "global"
+) -> float:
+    loader = build_dataloader("text", str(path), tokenizer, seq_len=seq_len, local_batch_size=batch, seed=42,
+                              dp_rank=0, dp_world_size=dp, data_order=order)  # fmt: skip
     it = iter(loader)
     next(it)  # the first batch pays for opening files and the first chunk; a run pays it once
     start = time.perf_counter()
     for _ in islice(it, batches):
         pass
     return batches * batch * seq_len / (time.perf_counter() - start)
+
+
+def order_cost(path: Path, tokenizer, batch: int, seq_len: int, batches: int, dp: int, order: str):
+    """(rank 0's delivered tokens/s, tokens it tokenized per token it delivered), best of two passes."""
+    counting = CountingTokenizer(tokenizer)
+    rate = max(loader_tokens_per_second(path, counting, batch, seq_len, batches, dp, order) for _ in "ab")
+    return rate, counting.encoded / 2 / ((batches + 1) * batch * seq_len)
 
 
 def trainer_tokens_per_second(vocab_size: int, batch: int, seq_len: int, steps: int) -> float:
@@ -102,6 +132,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps timed for the trainer")
     parser.add_argument("--batch", type=int, default=8, help="training.local_batch_size")
     parser.add_argument("--seq-len", type=int, default=256, help="training.seq_len")
+    parser.add_argument("--dp-sizes", type=int, nargs="+", default=[1, 2, 4, 8], help="data-parallel sizes")
+    parser.add_argument("--order-batches", type=int, default=100, help="batches timed per data-order point")
     args = parser.parse_args()
     tokenizer = load_tokenizer(None)
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,6 +142,14 @@ def main() -> None:
         delivered = {
             name: max(loader_tokens_per_second(path, tokenizer, args.batch, args.seq_len, args.batches) for _ in "ab")
             for name, path in paths.items()
+        }
+        orders = {
+            (name, dp, order): order_cost(
+                paths[name], tokenizer, args.batch, args.seq_len, args.order_batches, dp, order
+            )
+            for name in ("jsonl", "pre-tokenized")
+            for dp in args.dp_sizes
+            for order in ("global", "document_sharded")
         }
     consumed = trainer_tokens_per_second(tokenizer.vocab_size, args.batch, args.seq_len, args.steps)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
@@ -121,6 +161,15 @@ def main() -> None:
         print(f"{name:<14} {rate:>19,.0f} {rate / consumed:>10.1f} {consumed / (consumed + rate):>19.2%}")
     print(f"pre-tokenized / jsonl: {delivered['pre-tokenized'] / reference:.1f}x, "
           f"parquet / jsonl: {delivered['parquet'] / reference:.2f}x")  # fmt: skip
+    print("\none data-parallel rank: data_order 'global' against 'document_sharded'")
+    print(f"{'format':<14} {'dp':>3} {'tokenized/delivered':>20} {'(sharded)':>10} {'work ratio':>11} "
+          f"{'delivered tokens/s':>19} {'(sharded)':>12} {'rate ratio':>11}")  # fmt: skip
+    for name in ("jsonl", "pre-tokenized"):
+        for dp in args.dp_sizes:
+            (rate, work), (sharded_rate, sharded_work) = (orders[name, dp, o] for o in ("global", "document_sharded"))
+            ratio = f"{work / sharded_work:>10.1f}x" if sharded_work else f"{'-':>11}"
+            print(f"{name:<14} {dp:>3} {work:>20.2f} {sharded_work:>10.2f} {ratio} "
+                  f"{rate:>19,.0f} {sharded_rate:>12,.0f} {rate / sharded_rate:>10.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

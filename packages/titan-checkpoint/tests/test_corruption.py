@@ -127,3 +127,51 @@ def test_checkpoint_files_hold_no_unrecorded_files(saved):
     written = {p.name for p in saved.iterdir()} - {"titan_meta.json"}
     assert written == set(meta["files"]), "every file (including .metadata) has a recorded size and CRC-32"
     assert torch.__version__ == meta["torch_version"]
+
+
+def run_with_two_checkpoints(folder):
+    """Checkpoints at steps 2 and 4 of the toy run; returns (the run, its parameters at step 2)."""
+    run = toy_run(folder, config=CheckpointConfig(interval=2))
+    at_two = None
+    for step in range(1, 5):
+        run.step()
+        run.manager.save(step)
+        if step == 2:
+            at_two = {k: v.clone() for k, v in run.model.state_dict().items()}
+    run.manager.close()
+    return run, at_two
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_auto_resume_skips_a_damaged_newest_checkpoint_naming_the_file(tmp_path, damage, caplog):
+    _, at_two = run_with_two_checkpoints(tmp_path)
+    file = data_file(tmp_path / "step-4")
+    if damage == "truncate":
+        os.truncate(file, file.stat().st_size - 1)
+    else:
+        data = bytearray(file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        file.write_bytes(bytes(data))
+    fresh = toy_run(tmp_path, seed=7)
+    with caplog.at_level("WARNING", logger="titan.checkpoint"):
+        assert fresh.manager.load() == 2
+    assert f"{tmp_path / 'step-4'} is damaged and will not be loaded: {file}" in caplog.text
+    assert fresh.manager.loaded_from == tmp_path / "step-2"
+    for name, value in fresh.model.state_dict().items():
+        assert torch.equal(value, at_two[name]), name
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(tmp_path):
+    run_with_two_checkpoints(tmp_path)
+    for step in (2, 4):
+        os.truncate(data_file(tmp_path / f"step-{step}"), 10)
+    with pytest.raises(CheckpointCorruptError, match=r"every checkpoint in .* is damaged .*step 4: .*step 2: "):
+        toy_run(tmp_path).manager.load()
+
+
+def test_an_explicit_load_step_that_is_damaged_stays_an_error(tmp_path):
+    run_with_two_checkpoints(tmp_path)
+    file = data_file(tmp_path / "step-4")
+    os.truncate(file, 10)
+    with pytest.raises(CheckpointCorruptError, match=rf"{file} is 10 bytes"):
+        toy_run(tmp_path, config=CheckpointConfig(load_step=4)).manager.load()

@@ -2,6 +2,7 @@
 fingerprints, async saves."""
 
 import logging
+import threading
 
 import ckpt_toy
 import pytest
@@ -210,3 +211,36 @@ def test_failed_async_save_raises_on_wait_and_keeps_the_previous_checkpoint(tmp_
 def test_config_errors_name_field_value_and_choices(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         CheckpointConfig(**{field: value}).validate()
+
+
+def test_async_save_returns_while_its_files_are_still_being_written(tmp_path, monkeypatch):
+    """The storage layer holds every write until the training loop has run a step after save() returned:
+    a save that wrote in the calling thread would still be waiting inside save() (and find the gate
+    shut until the timeout), and its step would be complete before the next training step."""
+    from titan_checkpoint import storage
+
+    gate, held = threading.Event(), threading.Event()
+    write = storage._Crc32Stream.write
+
+    def gated_write(self, data):
+        held.set()
+        if not gate.wait(timeout=30):
+            gate.set()  # a synchronous save waits here once, not once per write
+        return write(self, data)
+
+    run = toy_run(tmp_path, config=CheckpointConfig(interval=1, async_mode="async"))
+    run.step()
+    expected = params(run.model)
+    monkeypatch.setattr(storage._Crc32Stream, "write", gated_write)
+    run.manager.save(1)
+    saved_before_the_next_step = complete_steps(tmp_path)
+    run.step()  # training goes on while the write is in flight
+    assert held.wait(timeout=20), "the save never reached the storage layer"
+    assert saved_before_the_next_step == [] and complete_steps(tmp_path) == []
+    gate.set()
+    run.manager.close()
+    assert complete_steps(tmp_path) == [1]
+    fresh = toy_run(tmp_path, seed=5)
+    assert fresh.manager.load() == 1
+    for name, value in params(fresh.model).items():
+        assert torch.equal(value, expected[name]), name

@@ -109,3 +109,21 @@ def test_tool(tmp_path, capsys):
     assert tool.main([str(tmp_path), "--last", "1"]) == 0
     out = capsys.readouterr().out
     assert "rank 0: 1 collectives recorded, last 1:" in out and "none: every rank agrees" in out
+
+
+def test_stuck_collective_names_the_op_its_group_and_ranks():
+    from titan_debug.flight_recorder import stuck_collective
+
+    dump = {
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "entries": [
+            {"profiling_name": "gloo:all_reduce", "collective_seq_id": 1, "process_group": ("0", "default_pg"),
+             "input_sizes": [[4]], "state": "completed"},
+            {"profiling_name": "gloo:all_gather", "collective_seq_id": 2, "process_group": ("0", "default_pg"),
+             "input_sizes": [[8]], "state": "scheduled"},
+        ],
+    }  # fmt: skip
+    assert stuck_collective(dump) == (
+        "gloo:all_gather #2 (sizes [[8]]) of process group default_pg, ranks [0, 1], state scheduled"
+    )
+    assert stuck_collective({"entries": []}) is None

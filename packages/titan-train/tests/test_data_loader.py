@@ -24,8 +24,9 @@ def test_batches_from_the_embedded_corpus_come_fast(tok):
     assert elapsed < 5, f"first batch took {elapsed:.1f} s"
 
 
+@pytest.mark.parametrize("data_order", ["global", "document_sharded"])
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_resume_replays_nothing_and_skips_nothing(tok, tmp_path, num_workers):
+def test_resume_replays_nothing_and_skips_nothing(tok, tmp_path, num_workers, data_order):
     # 12 documents of ~25 tokens, rank 1 of 2 takes 6: an epoch is about 2.5 batches of 2 x 33 tokens,
     # so the 4 + 6 batches below cross epoch boundaries on both sides of the checkpoint.
     path = tmp_path / "docs.jsonl"
@@ -40,6 +41,7 @@ def test_resume_replays_nothing_and_skips_nothing(tok, tmp_path, num_workers):
         dp_world_size=2,
         num_workers=num_workers,
         seed=5,
+        data_order=data_order,
     )
 
     reference = build_dataloader(**args)
@@ -64,3 +66,5 @@ def test_loader_arguments_are_checked_with_field_names(tok):
         build_dataloader("kjv", "", tok, seq_len=0, local_batch_size=1)
     with pytest.raises(ValueError, match=r"training\.dataset='nope'"):
         build_dataloader("nope", "", tok, seq_len=8, local_batch_size=1)
+    with pytest.raises(ValueError, match=r"training\.data_order='rank' must be 'global' or 'document_sharded'"):
+        build_dataloader("kjv", "", tok, seq_len=8, local_batch_size=1, data_order="rank")

@@ -1,4 +1,5 @@
-"""Resuming the dataloader on another data-parallel size: every document of every epoch is trained on
+"""Resuming the document-sharded dataloader (training.data_order = "document_sharded"; the global order's
+resume is in test_data_global_order.py) on another data-parallel size: every document of every epoch is trained on
 exactly once, whole, across the old and the new layout; the old ranks' leftover tokens come first on the
 new rank they are handed to; the same layout still resumes bit-identically.
 
@@ -66,6 +67,7 @@ def corpus(tmp_path, monkeypatch):
             dp_world_size=dp_world_size,
             num_workers=num_workers,
             seed=None if skewed else 5,
+            data_order="document_sharded",
         )
 
     return make

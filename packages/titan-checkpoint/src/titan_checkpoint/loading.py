@@ -46,6 +46,24 @@ def gather_problems(problems: list[str], group: dist.ProcessGroup | None = None)
     return sorted({p for rank_problems in gathered for p in rank_problems})
 
 
+def file_problems(
+    path: Path, meta: dict[str, Any], *, group: dist.ProcessGroup | None = None, verify_checksums: bool = True
+) -> list[str]:
+    """What is wrong with the files of checkpoint `path` (missing, truncated, failing their CRC-32), each
+    naming its file; the same list on every rank of `group` (each rank reads a share of the files)."""
+    rank = dist.get_rank(group) if _distributed() else 0
+    world_size = dist.get_world_size(group) if _distributed() else 1
+    try:
+        metadata = read_dcp_metadata(path)
+    except CheckpointCorruptError as e:
+        problems = [str(e)]
+    else:
+        recorded = meta.get("files")
+        mine = data_files(path, metadata, recorded)[rank::world_size]
+        problems = verify_files(path, metadata, recorded, check_crc=verify_checksums, only=mine)
+    return gather_problems(problems, group)
+
+
 def _entries(saved: dict, name: str) -> list[str]:
     """The keys under `name` in the checkpoint (`rank0`, `rank1`, ... for per-rank states)."""
     return sorted(k.split(".", 1)[1] for k in saved if k.startswith(f"{name}."))
@@ -71,17 +89,18 @@ def load_states(
     *,
     group: dist.ProcessGroup | None = None,
     verify_checksums: bool = True,
+    files_checked: bool = False,
 ) -> None:
     """Restore `states[name]` for each of `names` from the checkpoint folder `path` (whose titan_meta.json
-    is `meta`, or {} for a plain DCP folder). Every rank of `group` calls it."""
+    is `meta`, or {} for a plain DCP folder). Every rank of `group` calls it. files_checked: the caller has
+    just had `file_problems` find none (skip reading every file a second time)."""
     start = time.perf_counter()
-    rank = dist.get_rank(group) if _distributed() else 0
     world_size = dist.get_world_size(group) if _distributed() else 1
     metadata = read_dcp_metadata(path)
-    recorded = meta.get("files")
-    mine = data_files(path, metadata, recorded)[rank::world_size]
-    problems = verify_files(path, metadata, recorded, check_crc=verify_checksums, only=mine)
-    problems = gather_problems(problems, group)
+    if files_checked:
+        problems = []
+    else:
+        problems = file_problems(path, meta, group=group, verify_checksums=verify_checksums)
     if problems:
         raise CheckpointCorruptError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
 

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType,
 
 from titan_checkpoint.adapters import adapter_from_fingerprint, adapter_from_meta, check_imported_model
 from titan_checkpoint.config import CheckpointConfig
-from titan_checkpoint.errors import CheckpointError, raise_from_dcp
+from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, raise_from_dcp
 from titan_checkpoint.folder import (
     check_fingerprint,
     complete_steps,
@@ -33,7 +33,7 @@ from titan_checkpoint.folder import (
 )
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model
-from titan_checkpoint.loading import load_states
+from titan_checkpoint.loading import file_problems, load_states
 from titan_checkpoint.saving import checkpoint_meta, commit_save, start_save, states_to_save
 from titan_checkpoint.states import ModelState, RankLocal, RNGState
 from titan_checkpoint.storage import ChecksumWriter
@@ -95,6 +95,7 @@ class CheckpointManager:
         self._pending_step: int | None = None
         self._staging: Future | None = None
         self._last_saved: int | None = None
+        self.loaded_from: Path | None = None  # the checkpoint the last load() read
         self._async_pg = None
         self._stager = None
         self.async_mode = self._setup_async(self.config.async_mode)
@@ -252,7 +253,9 @@ class CheckpointManager:
             )
         if step is None and not steps:
             return self._initial_load()
-        step = steps[-1] if step is None else step
+        files_checked = False
+        if step is None:
+            step, files_checked = self._latest_intact(steps), True
         path = step_dir(self.folder, step)
         meta = read_meta(path)
         check_fingerprint(path, meta, self.fingerprint, self.config.check_fingerprint)
@@ -268,9 +271,43 @@ class CheckpointManager:
                 )
             logger.info(f"checkpoint: {path} is a seed checkpoint: loading the model; other states start fresh")
             names = [n for n in names if n == "model"]
-        load_states(path, meta, self.states, names, group=self._pg, verify_checksums=self.config.verify_checksums)
+        load_states(
+            path,
+            meta,
+            self.states,
+            names,
+            group=self._pg,
+            verify_checksums=self.config.verify_checksums,
+            files_checked=files_checked,
+        )
         self._last_saved = step  # saving it again would rewrite the same state
+        self.loaded_from = path
         return int(meta["step"])
+
+    def _latest_intact(self, steps: list[int]) -> int:
+        """The newest of `steps` whose files pass their checks, the same on every rank (the checks are
+        shared). A damaged newer one is reported and skipped: auto-resume must neither crash-loop on it
+        nor start over. All of them damaged is an error."""
+        damaged = []
+        for step in reversed(steps):
+            path = step_dir(self.folder, step)
+            try:
+                meta = read_meta(path)
+            except CheckpointCorruptError as e:
+                problems = [str(e)]
+            else:
+                problems = file_problems(path, meta, group=self._pg, verify_checksums=self.config.verify_checksums)
+            if not problems:
+                return step
+            damaged.append(f"step {step}: {'; '.join(problems)}")
+            logger.warning(
+                f"checkpoint: {path} is damaged and will not be loaded: {'; '.join(problems)}; "
+                "trying the previous complete checkpoint"
+            )
+        raise CheckpointCorruptError(
+            f"every checkpoint in {self.folder} is damaged ({' | '.join(damaged)}); restore the files, or move "
+            "the folder away to start from scratch"
+        )
 
     def _check_imported_model(self, checkpoint: Path, meta: dict[str, Any]) -> None:
         """A checkpoint without a fingerprint but with a model description (`titan-checkpoint import`) is

@@ -7,6 +7,9 @@ Metrics (a console line, metrics.jsonl and TensorBoard scalars per logged step):
     mfu, tflops                model FLOPs utilization from tokens/s and FLOPs/token (mfu.py)
     memory_stats               peak memory in GiB and allocator retries, any device (memory.py)
     WandbWriter                the records as a Weights & Biases run; optional extra [wandb] (wandb_logger.py)
+Memory prediction, no GPU needed:
+    AllocationTracker          each storage alloc/free with op, phase, stream; real or fake tensors (alloc_trace.py)
+    replay                     reserved memory of that trace under CUDA's caching allocator (caching_allocator.py)
 Progress:
     Progress, ProgressLine     done/total, rate and time left of a long operation, as text (progress.py)
 Traces:
@@ -23,6 +26,8 @@ Reproducibility:
     compare_losses             per-step loss difference of two runs, first divergence (loss_compare.py)
 """
 
+from titan_debug.alloc_trace import AllocationTracker, AllocEvent, Peak
+from titan_debug.caching_allocator import CachingAllocatorModel, ReplayResult, SimulatedOutOfMemory, replay
 from titan_debug.comm_timeouts import set_collective_timeout
 from titan_debug.determinism import seed_everything
 from titan_debug.flight_recorder import dump_flight_recorder, dump_on_comm_error, flight_recorder_env
@@ -38,16 +43,22 @@ from titan_debug.progress import Progress, ProgressLine
 from titan_debug.throughput import Throughput, ThroughputWindow
 from titan_debug.wandb_logger import WandbWriter
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
+    "AllocEvent",
+    "AllocationTracker",
+    "CachingAllocatorModel",
     "MemorySnapshotter",
     "MetricsLogger",
     "NonFiniteError",
+    "Peak",
     "Profiler",
     "Progress",
     "ProgressLine",
+    "ReplayResult",
     "Report",
+    "SimulatedOutOfMemory",
     "Throughput",
     "ThroughputWindow",
     "WandbWriter",
@@ -61,6 +72,7 @@ __all__ = [
     "mfu",
     "peak_flops",
     "read_metrics",
+    "replay",
     "reset_peak_memory_stats",
     "seed_everything",
     "set_collective_timeout",

@@ -101,12 +101,41 @@ def _recorded_traces() -> Iterator[dict[str, Any]]:
 _COMM_ERROR = re.compile(r"timed out|timeout|gloo|nccl|connection (closed|reset)|watchdog", re.IGNORECASE)
 
 
+def is_comm_error(exc: BaseException) -> bool:
+    """Whether `exc` is a communication failure (a collective timed out, a peer is gone)."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and bool(_COMM_ERROR.search(str(exc))))
+
+
+def stuck_collective(dump: dict[str, Any]) -> str | None:
+    """'gloo:all_gather #53 (sizes [[30784]]) of process group default_pg, ranks [0, 1], state scheduled':
+    the last collective this rank issued, the one that did not complete when a communication error ends
+    the run. None if nothing was recorded."""
+    entries = dump.get("entries", [])
+    if not entries:
+        return None
+    last = entries[-1]
+    name, desc = (list(last.get("process_group", ())) + ["?", "?"])[:2]
+    configs = dump.get("pg_config", {})
+    config = configs.get(name) or (next(iter(configs.values())) if len(configs) == 1 else {})
+    return (
+        f"{last.get('profiling_name', '?')} #{last.get('collective_seq_id', '?')} (sizes {last.get('input_sizes')}) "
+        f"of process group {desc or name}, ranks {config.get('ranks', '?')}, state {last.get('state', '?')}"
+    )
+
+
 @contextmanager
 def dump_on_comm_error(dump_folder: str | Path, rank: int) -> Iterator[None]:
-    """Dump the flight recorder if the block raises a communication error (timeout, peer gone), then re-raise."""
+    """On a communication error (timeout, peer gone) in the block: dump the flight recorder, log which
+    collective of which ranks this rank was waiting in, then re-raise."""
     try:
         yield
     except Exception as exc:
-        if isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and _COMM_ERROR.search(str(exc))):
-            dump_flight_recorder(dump_folder, rank)
+        if is_comm_error(exc):
+            path = dump_flight_recorder(dump_folder, rank)
+            stuck = stuck_collective(pickle.loads(path.read_bytes())) if path is not None else None
+            logger.error(
+                "communication failure on rank %d: %s; waiting in %s. The ranks that did not answer hung or "
+                "died; compare the traces of every rank: tools/flight_recorder_summary.py %s",
+                rank, exc, stuck or "an unrecorded collective", dump_folder,
+            )  # fmt: skip
         raise

@@ -8,7 +8,7 @@ import os
 import sys
 
 from titan_train.command import EXIT_OK, run_command, version_line
-from titan_train.config import help_text, load_config, parse_argv, to_toml
+from titan_train.config import ConfigError, help_text, load_config, parse_argv, to_toml
 
 PROG = "titan-train"
 
@@ -43,10 +43,16 @@ def _train(argv: list[str]) -> int:
     from titan_train.distributed import world_size_from_env
     from titan_train.layout import resolve_layout
 
-    layout = resolve_layout(config, world_size_from_env())
+    if cmd.world_size is not None and not cmd.dry_run:
+        raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
+    world_size = cmd.world_size if cmd.world_size is not None else world_size_from_env()
+    layout = resolve_layout(config, world_size)
     if cmd.dry_run:
         print(to_toml(config))
         print(f"# layout: {layout.describe()}")
+        from titan_train.dry_run import dry_run
+
+        dry_run(config, world_size, cmd.device_memory_gib)
         return EXIT_OK
     from titan_train.train import train
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from titan_debug import flight_recorder_env
 from titan_parallel import device_module, device_type, distributed_backend
 from titan_train.config import JobConfig
+from titan_train.rendezvous import torchrun_store
 
 
 @dataclass
@@ -48,8 +49,19 @@ def init_distributed(config: JobConfig | None = None) -> RunEnv:
             backend=distributed_backend(kind),
             timeout=datetime.timedelta(seconds=init_timeout_seconds),
             device_id=device if kind != "cpu" else None,
+            **_store_kwargs(rank, world_size, init_timeout_seconds),
         )
     return RunEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def _store_kwargs(rank: int, world_size: int, timeout_seconds: float) -> dict:
+    """A store of this group's own when torchrun shares one store with every restart (see rendezvous.py);
+    otherwise torch's env:// rendezvous, whose store lives and dies with this group's rank 0."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return {}
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = torchrun_store(addr, port, rank, world_size, timeout_seconds)
+    return {"store": store, "rank": rank, "world_size": world_size}
 
 
 def shutdown_distributed() -> None:

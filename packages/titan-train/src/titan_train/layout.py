@@ -91,9 +91,18 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
+        # With data_parallel_shard_degree = -1 the degree follows the world size: an elastic restart on
+        # another number of processes can make a global batch that fitted before stop fitting.
+        elastic = (
+            f" (parallelism.data_parallel_shard_degree=-1 gives degree {dims.dp} on {world_size} processes; a "
+            "global batch that fits every world size the job may restart on keeps the optimization unchanged)"
+            if p.data_parallel_shard_degree == -1 and world_size > 1
+            else ""
+        )
         raise ConfigError(
             f"training.global_batch_size={global_batch} is not a multiple of training.local_batch_size="
             f"{t.local_batch_size} x data-parallel degree {dims.dp} = {per_step}; use a multiple of {per_step}"
+            f"{elastic}"
         )
     data_parallel = _data_parallel(config, dims)
     return Layout(

@@ -40,6 +40,7 @@ BREAKING = {
     "training.seq_len": "the data loader's saved position counts sequences of the recorded length",
     "training.dataset": "the data loader's saved position is a position in the recorded dataset",
     "training.dataset_path": "the data loader's saved position is a position in the recorded dataset",
+    "training.data_order": "the data loader's saved position is one of the recorded data order",
     "optimizer.name": "the checkpoint's optimizer state belongs to the recorded optimizer",
 }
 # Keys that differ between starts of one run by design.

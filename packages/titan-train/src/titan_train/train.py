@@ -6,6 +6,8 @@ reads the same whatever the layout.
 
 import dataclasses
 import logging
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from titan_debug import (
     seed_everything,
     set_collective_timeout,
 )
+from titan_debug.flight_recorder import is_comm_error
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
 from titan_parallel import build_parallel_model, format_applied
@@ -30,6 +33,7 @@ from titan_train.documents import document_kwargs
 from titan_train.layout import resolve_layout
 from titan_train.optim import LRSchedulers, Optimizers
 from titan_train.reporting import StepReporter
+from titan_train.resume import log_resume
 from titan_train.run_record import RunRecord, record_run
 from titan_train.tokenizer import load_tokenizer
 from titan_train.validation import Validator
@@ -44,7 +48,18 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 class Trainer:
     """Builds everything a run needs from the config; `step()` runs one optimizer step."""
 
-    def __init__(self, config: JobConfig, env: RunEnv, run: RunRecord | None = None):
+    def __init__(
+        self,
+        config: JobConfig,
+        env: RunEnv,
+        run: RunRecord | None = None,
+        *,
+        synthetic_data: bool = False,
+        optimizer_device_type: str | None = None,
+    ):
+        """`synthetic_data` (the dry run): no tokenizer and no dataloader; batches of random token ids below the
+        flavor's vocabulary. `optimizer_device_type`: the device the optimizer implementation is chosen for
+        (default env.device's), e.g. "cuda" when a CPU dry run models a GPU run."""
         self.config, self.env, self.run = config, env, run
         t = config.training
         self.layout = resolve_layout(config, env.world_size)
@@ -52,36 +67,42 @@ class Trainer:
         self.dims.build_mesh(env.device.type)
         # Same seed on every rank but pipeline stages: DTensor random ops need it the same across dp/tp/cp.
         seed_everything(t.seed, rank_offset=self.dims.local_rank("pp"), deterministic=t.deterministic)
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
+        self.tokenizer = None if synthetic_data else load_tokenizer(config.model.tokenizer_path or None)
         self.spec = get_model_spec(config.model.name)
-        self.model_args = self._model_args(self.tokenizer.vocab_size)
+        self.model_args = self._model_args(self.tokenizer.vocab_size if self.tokenizer else 0)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
-            token_kwargs=document_kwargs(config, self.tokenizer.bos_id),
+            token_kwargs=document_kwargs(config, self.tokenizer.bos_id if self.tokenizer else 0),
         )  # fmt: skip
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
-        self.dataloader = build_dataloader(
-            dataset=t.dataset,
-            dataset_path=t.dataset_path,
-            text_field=t.dataset_text_field,
-            mixture=t.dataset_mixture,
-            tokenizer=self.tokenizer,
-            seq_len=t.seq_len,
-            local_batch_size=t.local_batch_size,
-            dp_rank=self.dims.local_rank("dp"),
-            dp_world_size=self.dims.dp,
-            num_workers=t.dataloader_num_workers,
-            seed=t.seed,
-        )
-        self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
+        if synthetic_data:
+            self.dataloader = self._synthetic_batches()
+        else:
+            self.dataloader = build_dataloader(
+                dataset=t.dataset,
+                dataset_path=t.dataset_path,
+                text_field=t.dataset_text_field,
+                mixture=t.dataset_mixture,
+                tokenizer=self.tokenizer,
+                seq_len=t.seq_len,
+                local_batch_size=t.local_batch_size,
+                dp_rank=self.dims.local_rank("dp"),
+                dp_world_size=self.dims.dp,
+                num_workers=t.dataloader_num_workers,
+                seed=t.seed,
+                accumulation_steps=self.layout.accumulation_steps,
+                data_order=t.data_order,
+            )
+        self.optimizer = Optimizers(self.model_parts, config.optimizer, optimizer_device_type or env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.step_count = 0
         self.checkpoint = build_checkpoint_manager(self)
         # Restores step_count too: the trainer is the "train_state".
         if self.checkpoint is not None and self.checkpoint.load():
             logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
+            log_resume(self.checkpoint.loaded_from, self.step_count, config.job.dump_folder, run)
         self.data_iter = iter(self.dataloader)
         self.throughput = Throughput()
 
@@ -90,6 +111,12 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count = state["step"]
+
+    def _synthetic_batches(self):
+        t, vocab = self.config.training, self.model_args.vocab_size
+        while True:
+            tokens = torch.randint(vocab, (t.local_batch_size, t.seq_len + 1))
+            yield tokens[:, :-1], tokens[:, 1:]
 
     def _model_args(self, vocab_needed: int):
         cfg = self.config
@@ -159,6 +186,7 @@ class Trainer:
         validator = Validator(cfg, self.parallel_model, self.tokenizer, device)
         losses = []
         self.throughput.reset()
+        comm_failed = False
         try:
             with dump_on_comm_error(dump, rank), profiler, snapshots.dump_on_oom():
                 while self.step_count < cfg.training.steps:
@@ -172,9 +200,14 @@ class Trainer:
                         self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()
                     snapshots.step()
+        except Exception as exc:
+            comm_failed = is_comm_error(exc)
+            raise
         finally:
             reporter.close()
-            if self.checkpoint is not None:
+            # After a communication failure the peers are dead or hung: close()'s barrier would wait out a
+            # second timeout and hide the first error. An unfinished save stays a .tmp folder, never loaded.
+            if self.checkpoint is not None and not comm_failed:
                 self.checkpoint.close()
         self._export()
         return losses
@@ -203,5 +236,20 @@ def train(config: JobConfig) -> list[float]:
             logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(trainer)}")
             return []
         return trainer.train()
+    except Exception as exc:
+        if is_comm_error(exc):
+            exit_after_comm_failure(exc)
+        raise
     finally:
         shutdown_distributed()
+
+
+def exit_after_comm_failure(exc: BaseException) -> None:
+    """Exit non-zero now, so that torchrun restarts the group: tearing down a process group whose peer hung
+    or died can block (gloo pairs, a collective thread still waiting), and torchrun only acts on an exit."""
+    logger.error(f"exiting after a communication failure (the launcher restarts the group): {exc}")
+    for handler in logging.getLogger().handlers + logger.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

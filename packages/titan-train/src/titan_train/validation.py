@@ -85,6 +85,7 @@ class Validator:
             seed=None,  # the source's order: every evaluation sees the same batches
             infinite=v.steps != -1,
             text_field=t.dataset_text_field,  # validation data is laid out as the training data
+            data_order=t.data_order,
         )
 
     def due(self, step: int) -> bool:

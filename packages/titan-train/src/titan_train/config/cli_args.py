@@ -12,7 +12,11 @@ ACTIONS = {
     "--help": "show this help (every config field with its type, default and meaning) and exit",
     "--version": "print the installed titan-train version and exit",
     "--print-config": "print the resolved config as TOML and exit",
-    "--dry-run": "validate the config and the parallel layout, print both, and exit before any training",
+    "--dry-run": "validate the config and the parallel layout, print both, then simulate two training steps of "
+    "each rank class on one CPU (fake process group and fake tensors) and report per-rank memory "
+    "(<dump_folder>/dry_run.json); needs no torchrun and no GPU",
+    "--world-size N": "with --dry-run: the number of ranks (GPUs) to simulate (default: torchrun's WORLD_SIZE, else 1)",
+    "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: 80)",
 }
 
 
@@ -24,6 +28,8 @@ class CommandLine:
     version: bool = False
     print_config: bool = False
     dry_run: bool = False
+    world_size: int | None = None
+    device_memory_gib: float = 80.0
 
 
 def parse_argv(argv: list[str]) -> CommandLine:
@@ -45,6 +51,9 @@ def parse_argv(argv: list[str]) -> CommandLine:
         if arg == "--dry-run":
             cmd.dry_run = True
             continue
+        if arg.partition("=")[0] in ("--world-size", "--device-memory-gib"):
+            i = _parse_dry_run_option(cmd, arg, argv, i)
+            continue
         if not arg.startswith("--"):
             raise ConfigError(f"command line: unexpected argument {arg!r}; options look like --section.key value")
         name, eq, value = arg[2:].partition("=")
@@ -61,6 +70,27 @@ def parse_argv(argv: list[str]) -> CommandLine:
         else:
             cmd.overrides[name] = value
     return cmd
+
+
+def _parse_dry_run_option(cmd: CommandLine, arg: str, argv: list[str], i: int) -> int:
+    """`--world-size N` / `--device-memory-gib G` (also with `=`); returns the index after the value."""
+    name, eq, value = arg.partition("=")
+    if not eq:
+        if i >= len(argv) or argv[i].startswith("--"):
+            raise ConfigError(f"command line: {name} needs a value")
+        value, i = argv[i], i + 1
+    try:
+        number = int(value) if name == "--world-size" else float(value)
+    except ValueError:
+        kind = "a whole number" if name == "--world-size" else "a number"
+        raise ConfigError(f"command line: {name} {value!r} is not {kind}") from None
+    if number <= 0:
+        raise ConfigError(f"command line: {name} {value}: must be > 0")
+    if name == "--world-size":
+        cmd.world_size = number
+    else:
+        cmd.device_memory_gib = number
+    return i
 
 
 def _is_bool(dotted: str) -> bool:

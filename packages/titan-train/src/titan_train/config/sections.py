@@ -68,6 +68,13 @@ class Training:
     scale); each source cycles on its own; an entry may set its own text_field. CLI: the same TOML array."""
     dataloader_num_workers: int = 0
     """Worker processes for data loading (0 loads in the training process)."""
+    data_order: Literal["global", "document_sharded"] = "global"
+    """"global": one packed sequence stream for the job; each optimizer step trains on its next
+    global_batch_size sequences, each data-parallel rank taking its rows, so any data-parallel degree,
+    accumulation and number of workers (and a resume on another) trains on the same sequences. Every rank
+    (and DataLoader worker) tokenizes every document: free for pre-tokenized data (`titan-data tokenize`).
+    "document_sharded": each rank packs only its share of the documents (1/dp of the tokenization), and the
+    sequences depend on the layout; for raw-text corpora too large to tokenize on every rank."""
     mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the forward/backward compute: bfloat16 autocasts on one process (FSDP's param dtype once
     data parallelism shards the model); parameters and optimizer state stay float32."""

@@ -1,4 +1,6 @@
-"""Documents -> fixed-length training samples: tokenize, frame with BOS/EOS, concatenate, cut into windows.
+"""Documents -> fixed-length training samples: tokenize, frame with BOS/EOS, concatenate, cut into windows;
+the document-sharded order (`training.data_order = "document_sharded"`; the default global order, which packs
+the same way for one reader, is global_order.py).
 
 Each document becomes BOS + tokens + EOS (a pre-tokenized document, an array of ids, skips the tokenizer
 and is framed the same way); the stream of documents is concatenated and cut into

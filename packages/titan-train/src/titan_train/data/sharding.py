@@ -1,4 +1,5 @@
-"""Which reader takes which document, and how a new data-parallel layout resumes from an old one's states.
+"""The document-sharded order (dataset.py): which reader takes which document, and how a new data-parallel
+layout resumes from an old one's states.
 
 A reader is a data-parallel rank, or one DataLoader worker of a rank: reader i of n takes the positions p
 with p % n == i of every epoch's document order (order.py). Its state (epoch, next_doc, skip) means: it has
