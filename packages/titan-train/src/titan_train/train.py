@@ -77,24 +77,7 @@ class Trainer:
         )  # fmt: skip
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
-        if synthetic_data:
-            self.dataloader = self._synthetic_batches()
-        else:
-            self.dataloader = build_dataloader(
-                dataset=t.dataset,
-                dataset_path=t.dataset_path,
-                text_field=t.dataset_text_field,
-                mixture=t.dataset_mixture,
-                tokenizer=self.tokenizer,
-                seq_len=t.seq_len,
-                local_batch_size=t.local_batch_size,
-                dp_rank=self.dims.local_rank("dp"),
-                dp_world_size=self.dims.dp,
-                num_workers=t.dataloader_num_workers,
-                seed=t.seed,
-                accumulation_steps=self.layout.accumulation_steps,
-                data_order=t.data_order,
-            )
+        self.dataloader = self._synthetic_batches() if synthetic_data else self._build_dataloader()
         self.optimizer = Optimizers(self.model_parts, config.optimizer, optimizer_device_type or env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.step_count = 0
@@ -111,6 +94,24 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count = state["step"]
+
+    def _build_dataloader(self):
+        t = self.config.training
+        return build_dataloader(
+            dataset=t.dataset,
+            dataset_path=t.dataset_path,
+            text_field=t.dataset_text_field,
+            mixture=t.dataset_mixture,
+            tokenizer=self.tokenizer,
+            seq_len=t.seq_len,
+            local_batch_size=t.local_batch_size,
+            dp_rank=self.dims.local_rank("dp"),
+            dp_world_size=self.dims.dp,
+            num_workers=t.dataloader_num_workers,
+            seed=t.seed,
+            accumulation_steps=self.layout.accumulation_steps,
+            data_order=t.data_order,
+        )
 
     def _synthetic_batches(self):
         t, vocab = self.config.training, self.model_args.vocab_size
