@@ -10,6 +10,11 @@ import torch
 from titan_models import get_model_spec
 from titan_train import cli
 from titan_train import train as train_module
+from titan_train.alloc_conf import allocator_setting
+from titan_train.config import load_config, parse_argv
+from titan_train.distributed import RunEnv
+from titan_train.fake_runtime import fake_rank
+from titan_train.step_memory import measure_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 GIB = 1024**3
@@ -90,3 +95,73 @@ def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_p
 def _parameter_count(spec, args) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in spec.model_cls(args).parameters())
+
+
+def test_the_allocator_model_follows_pytorch_cuda_alloc_conf(tmp_path, capsys, monkeypatch):
+    """The real run's allocator setting is the one modelled; options the model lacks are listed, not dropped."""
+    args = ("--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2", "--activation_checkpoint.mode")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    default = _dry_run(tmp_path / "default", *args, "full")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:128")
+    expandable = _dry_run(tmp_path / "expandable", *args, "full")
+    assert default["allocator"] == {"expandable_segments": False, "source": "default"}
+    assert expandable["allocator"]["expandable_segments"] is True
+    header = "allocator expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,max_split_size_mb"
+    assert header in capsys.readouterr().out
+    # Pages mapped on demand instead of 20 MiB segments: the same trace reserves less here.
+    (default_entry,), (expandable_entry,) = default["rank_classes"], expandable["rank_classes"]
+    assert expandable_entry["peak_active_gib"] == default_entry["peak_active_gib"]
+    assert expandable_entry["peak_reserved_gib"] < default_entry["peak_reserved_gib"]
+    assert any("max_split_size_mb:128" in u for u in expandable["unmodelled"])
+    assert not any("max_split_size_mb" in u for u in default["unmodelled"])
+
+
+def test_a_bad_allocator_setting_is_a_config_error(monkeypatch, capsys):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:yes")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    argv = ["--config", str(ROOT / "configs/debug_model.toml"), "--dry-run", "--world-size", "2"]
+    assert cli.main(argv) == 2
+    assert "expandable_segments:'yes' must be True or False" in capsys.readouterr().err
+
+
+def test_pytorch_alloc_conf_takes_precedence_as_in_torch():
+    setting = allocator_setting(
+        {"PYTORCH_ALLOC_CONF": "expandable_segments:False", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
+    assert setting.expandable_segments is False and setting.source == "PYTORCH_ALLOC_CONF=expandable_segments:False"
+
+
+def test_a_config_refused_only_for_compile_is_modelled_eager_with_the_refusal_reported(tmp_path, capsys):
+    """Compiled whole-block AC with TP (the paper's 70B and 405B rows) is refused on this torch; the dry run
+    says so and models the eager run the simulation runs anyway."""
+    compiled_full_ac_tp = [
+        "--config", str(ROOT / "configs/debug_model.toml"), "--parallelism.tensor_parallel_degree", "2",
+        "--activation_checkpoint.mode", "full", "--compile.enable", "true",
+    ]  # fmt: skip
+    report = _dry_run(tmp_path, *compiled_full_ac_tp, "--world-size", "2")
+    out = capsys.readouterr().out
+    (refusal,) = report["unsupported"]
+    assert "activation_checkpoint.mode='full'" in refusal and "compile.enable=false" in refusal
+    assert out.index("# layout: world 2") < out.index("# dry run") < out.index(f"# unsupported: {refusal}")
+    assert report["rank_classes"][0]["peak_active_gib"] > 0
+    assert any(u.startswith("torch.compile") for u in report["unmodelled"])
+    # Any other config error still stops the dry run before any work.
+    assert cli.main(["--dry-run", *compiled_full_ac_tp, "--world-size", "3"]) == 2
+    assert "world size 3 is not divisible" in capsys.readouterr().err
+
+
+def test_fsdp_buffers_come_from_the_stream_pools_torch_allocates_them_on():
+    """FSDP2 allocates the reduce-scatter input on the current stream and only the output inside its switch
+    to the reduce-scatter stream; the all-gather buffers on the copy-in stream. A caching allocator keeps
+    each stream's pool apart, so the stream of each buffer decides which cached blocks it can reuse."""
+    config = load_config(parse_argv(["--config", str(ROOT / "configs/debug_model.toml")]))
+    env = RunEnv(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    with fake_rank(0, 2, (8, 256, 256), torch.float32):
+        tracker, _, _ = measure_steps(config, env, 1)
+    allocs = [e for e in tracker.events if e.action == "alloc"]
+    outputs = [i for i, e in enumerate(allocs) if e.stream == "reduce_scatter"]
+    assert outputs and {allocs[i].phase for i in outputs} == {"backward"}
+    for i in outputs:  # world size 2: the input, just before, holds twice the output's bytes
+        assert (allocs[i - 1].stream, allocs[i - 1].nbytes) == ("default", 2 * allocs[i].nbytes)
+    assert any(e.stream == "all_gather_copy_in" and e.phase == "forward" for e in allocs)

@@ -46,14 +46,16 @@ def _train(argv: list[str]) -> int:
     if cmd.world_size is not None and not cmd.dry_run:
         raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
     world_size = cmd.world_size if cmd.world_size is not None else world_size_from_env()
-    layout = resolve_layout(config, world_size)
     if cmd.dry_run:
+        from titan_train.dry_run import dry_run, resolve_dry_run_layout
+
+        # A config refused only for torch.compile is still simulated (eager); dry_run reports the refusal.
+        layout, _ = resolve_dry_run_layout(config, world_size)
         print(to_toml(config))
         print(f"# layout: {layout.describe()}")
-        from titan_train.dry_run import dry_run
-
         dry_run(config, world_size, cmd.device_memory_gib)
         return EXIT_OK
+    resolve_layout(config, world_size)
     from titan_train.train import train
 
     train(config)

@@ -20,10 +20,11 @@ import torch
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_models import get_model_spec
+from titan_train.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.config import ConfigError, JobConfig
 from titan_train.distributed import RunEnv
 from titan_train.fake_runtime import fake_rank
-from titan_train.layout import resolve_layout
+from titan_train.layout import Layout, resolve_layout
 from titan_train.rank_classes import RankClass, rank_classes
 from titan_train.step_memory import measure_steps
 
@@ -41,6 +42,25 @@ def check_world_size(world_size: int) -> None:
         raise ConfigError(f"--world-size {world_size}: must be a whole number >= 1 (the number of GPUs to model)")
 
 
+def _eager(config: JobConfig) -> JobConfig:
+    return dataclasses.replace(config, compile=dataclasses.replace(config.compile, enable=False))
+
+
+def resolve_dry_run_layout(config: JobConfig, world_size: int) -> tuple[Layout, list[str]]:
+    """The layout the dry run simulates, and what the real run would refuse that the dry run goes past.
+
+    The simulation runs compiled blocks eager, so a config refused only because of torch.compile (e.g.
+    compiled whole-block checkpoints with DTensor parameters) is still modelled: the refusal is reported
+    as unsupported. Any other config error stays an error."""
+    try:
+        return resolve_layout(config, world_size), []
+    except ConfigError as refusal:
+        if not config.compile.enable:
+            raise
+        layout = resolve_layout(_eager(config), world_size)  # an error not about compile stops the dry run
+        return layout, [f"the real run is refused: {refusal} (the dry run models the eager run)"]
+
+
 def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
     """The config the simulation runs, and what it cannot model as configured."""
     unmodelled = list(ALWAYS_UNMODELLED)
@@ -48,7 +68,7 @@ def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
         unmodelled.append(
             "torch.compile: blocks run eager (inductor's fusion and buffer reuse, which lower the real peak)"
         )
-        config = dataclasses.replace(config, compile=dataclasses.replace(config.compile, enable=False))
+        config = _eager(config)
     if config.float8.enable:
         unmodelled.append("Float8: the casts' temporaries follow torchao's eager ops, not the fused GPU kernels")
         if config.parallelism.tensor_parallel_degree > 1:
@@ -79,7 +99,9 @@ def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtyp
     return (microbatch, sequence, spec.args_for(config.model.flavor).dim), dtype
 
 
-def simulate(config: JobConfig, world_size: int, rank_class: RankClass, capacity_bytes: int) -> dict:
+def simulate(
+    config: JobConfig, world_size: int, rank_class: RankClass, capacity_bytes: int, expandable_segments: bool = False
+) -> dict:
     """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures."""
     layout = resolve_layout(config, world_size)
     hidden_shape, hidden_dtype = _hidden(config, layout)
@@ -89,9 +111,10 @@ def simulate(config: JobConfig, world_size: int, rank_class: RankClass, capacity
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
-        reserved, out_of_memory = replay(tracker.events, capacity_bytes=capacity_bytes), None
+        reserved = replay(tracker.events, capacity_bytes=capacity_bytes, expandable_segments=expandable_segments)
+        out_of_memory = None
     except SimulatedOutOfMemory as error:
-        reserved, out_of_memory = replay(tracker.events), str(error)
+        reserved, out_of_memory = replay(tracker.events, expandable_segments=expandable_segments), str(error)
     activations = sum(n for phase, n in by_phase.items() if phase.endswith(("forward", "loss")))
     spec, t = get_model_spec(config.model.name), config.training
     tokens_per_step = layout.accumulation_steps * t.local_batch_size * t.seq_len * layout.dims.dp
@@ -115,10 +138,12 @@ def simulate(config: JobConfig, world_size: int, rank_class: RankClass, capacity
     }
 
 
-def _simulate_reporting_errors(config: JobConfig, world_size: int, rank_class: RankClass, capacity_gib: float):
+def _simulate_reporting_errors(
+    config: JobConfig, world_size: int, rank_class: RankClass, capacity_gib: float, allocator: AllocatorSetting
+):
     """`simulate` in a child process: an error comes back as text (torch's exceptions may not pickle)."""
     try:
-        return simulate(config, world_size, rank_class, int(capacity_gib * GIB))
+        return simulate(config, world_size, rank_class, int(capacity_gib * GIB), allocator.expandable_segments)
     except ConfigError:
         raise
     except Exception as error:
@@ -154,10 +179,17 @@ def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
 
 
 def dry_run(config: JobConfig, world_size: int, device_memory_gib: float = 80.0) -> dict:
-    """Simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report."""
+    """Simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
+
+    The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would."""
     check_world_size(world_size)
-    classes = rank_classes(resolve_layout(config, world_size))  # raises config errors before any work
+    allocator = allocator_setting()  # raises config errors before any work, as does the layout
+    layout, unsupported = resolve_dry_run_layout(config, world_size)
+    classes = rank_classes(layout)
+    for refusal in unsupported:
+        logger.warning(f"dry run: unsupported: {refusal}")
     sim_config, unmodelled = _dry_run_config(config)
+    unmodelled += allocator.unmodelled
     start = time.perf_counter()
     entries = []
     for index, rank_class in enumerate(classes):
@@ -167,7 +199,9 @@ def dry_run(config: JobConfig, world_size: int, device_memory_gib: float = 80.0)
         # A fresh process per rank: torch caches per-mesh state (DTensor's sharding and redistribute plans)
         # that a second fake process group in the same process would find stale. Forked: nothing to re-import.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
-            entry = child.submit(_simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib)
+            entry = child.submit(
+                _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator
+            )
             entry = entry.result()
         entry["device_memory_gib"] = device_memory_gib
         entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
@@ -177,6 +211,8 @@ def dry_run(config: JobConfig, world_size: int, device_memory_gib: float = 80.0)
         "world_size": world_size,
         "steps": STEPS,
         "device_memory_gib": device_memory_gib,
+        "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
+        "unsupported": unsupported,
         "rank_classes": entries,
         "unmodelled": unmodelled,
         "seconds": time.perf_counter() - start,
@@ -194,7 +230,8 @@ COLUMNS = ("ranks", "peak res", "peak act", "params", "grads", "optim", "activ",
 def format_report(report: dict) -> str:
     lines = [
         f"# dry run: world size {report['world_size']}, {report['steps']} steps, "
-        f"device {report['device_memory_gib']:g} GiB (GiB per rank)",
+        f"device {report['device_memory_gib']:g} GiB, allocator {_allocator_text(report['allocator'])} "
+        "(GiB per rank)",
         "  ".join(f"{c:>9}" for c in COLUMNS[:-1]) + f"  {COLUMNS[-1]}",
     ]
     for e in report["rank_classes"]:
@@ -206,5 +243,10 @@ def format_report(report: dict) -> str:
             f"{label:>9}  " + "  ".join(f"{n:9.2f}" for n in numbers) + f"  {e['peak_phase']} / {e['peak_op']}"
         )
         lines += [f"  {e['name']}: warning: {w}" for w in e["warnings"]]
+    lines += [f"# unsupported: {u}" for u in report["unsupported"]]
     lines += [f"# not modelled: {u}" for u in report["unmodelled"]]
     return "\n".join(lines)
+
+
+def _allocator_text(allocator: dict) -> str:
+    return f"expandable_segments:{allocator['expandable_segments']} ({allocator['source']})"

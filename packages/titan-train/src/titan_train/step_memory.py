@@ -3,7 +3,7 @@ measurement on a fake rank (the dry run) and on a real one (what the dry run is 
 
 Phases: "build" (the Trainer: model, optimizer), then per step "zero_grad", "forward", "loss" (the head and
 the loss forward), "loss_backward", "backward" (per pipeline stage "stageN.forward", ...), "clip_grad_norm",
-"optimizer". FSDP2's all-gather and reduce-scatter buffers are tagged with their own streams, whose pools a
+"optimizer". What FSDP2 allocates on its own communication streams is tagged with that stream, whose pool a
 CUDA caching allocator keeps apart.
 """
 
@@ -27,7 +27,7 @@ def measure_steps(config: JobConfig, env: RunEnv, steps: int) -> tuple[Allocatio
     the trainer."""
     tracker = AllocationTracker(device_type=env.device.type)
     labels = _PhaseLabels(tracker)
-    with tracker, _fsdp_streams(tracker):
+    with tracker, _fsdp_streams(tracker, env.device.type):
         with tracker.phase("build"):
             trainer = Trainer(config, env, synthetic_data=True, optimizer_device_type="cuda")
         labels.attach(trainer)
@@ -99,24 +99,38 @@ class _PhaseLabels(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _fsdp_streams(tracker: AllocationTracker):
-    """FSDP2's all-gather and reduce-scatter buffers, allocated on their own CUDA streams (their own pools)."""
+def _fsdp_streams(tracker: AllocationTracker, device_type: str):
+    """FSDP2's buffers on its own CUDA streams, whose pools a caching allocator keeps apart: exactly what
+    FSDP2 allocates inside `device_handle.stream(s)` for its communication streams is tagged with that stream.
+    So, as on a GPU, the all-gather input and output come from the copy-in stream's pool only when FSDP
+    prefetches implicitly (forward, pre-backward), and the reduce-scatter input, allocated before FSDP
+    switches streams, from the current stream's pool; only its output is the reduce-scatter stream's."""
+    device_module = getattr(torch, device_type)
+    streams: dict[int, tuple[object, str]] = {}  # id -> (the stream, kept alive so the id stays its own; name)
+    original_stream, original_lazy_init = device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init
 
-    def on_stream(fn, stream):
-        def run(*args, **kwargs):
-            with tracker.stream(stream):
-                return fn(*args, **kwargs)
+    def lazy_init(comm, device):
+        original_lazy_init(comm, device)
+        for attribute in (
+            "all_gather_copy_in_stream",
+            "all_gather_stream",
+            "reduce_scatter_stream",
+            "all_reduce_stream",
+        ):
+            stream = getattr(comm, attribute)
+            streams[id(stream)] = (stream, attribute.removesuffix("_stream"))
 
-        return run
+    @contextlib.contextmanager
+    def on_stream(stream):
+        known = streams.get(id(stream))
+        with original_stream(stream), tracker.stream(known[1]) if known else contextlib.nullcontext():
+            yield
 
-    group = _fsdp_param_group
-    gather, reduce = group.foreach_all_gather, group.foreach_reduce
-    group.foreach_all_gather = on_stream(gather, "all_gather")
-    group.foreach_reduce = on_stream(reduce, "reduce_scatter")
+    device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init = on_stream, lazy_init
     try:
         yield
     finally:
-        group.foreach_all_gather, group.foreach_reduce = gather, reduce
+        device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init = original_stream, original_lazy_init
 
 
 def _local_bytes(tensors) -> int:
