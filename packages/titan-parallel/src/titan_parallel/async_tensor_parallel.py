@@ -52,11 +52,7 @@ class AsyncColwiseParallel(ColwiseParallel):
         self.chunks = chunks
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if type(module) is not nn.Linear:  # a subclass's own forward (Float8Linear) must run: plain style
-            return ColwiseParallel(input_layouts=Shard(1))._apply(module, device_mesh)
-        parallel = super()._apply(module, device_mesh)
-        _run_forward(module, _colwise_forward, device_mesh, self.chunks)
-        return parallel
+        return _apply_async(self, ColwiseParallel, module, device_mesh, _colwise_forward)
 
     @staticmethod
     def _prepare_input_fn(input_layouts, desired_input_layouts, mod, inputs, device_mesh):
@@ -71,9 +67,16 @@ class AsyncColwiseParallel(ColwiseParallel):
         return outputs
 
 
-def _run_forward(module: nn.Module, forward, mesh: DeviceMesh, chunks: int) -> None:
-    """Make `forward` the module's forward (an instance attribute: other Linears, and the class, unchanged)."""
-    module.forward = MethodType(partial(forward, group=mesh.get_group(), chunks=chunks), module)
+def _apply_async(style, plain_kind: type, module: nn.Module, mesh: DeviceMesh, forward) -> nn.Module:
+    """Apply `style` (an async subclass of `plain_kind`) with `forward` as the module's forward (an instance
+    attribute: other Linears, and the class, unchanged). A subclass of nn.Linear (Float8Linear), whose own
+    forward must run, gets the plain style with the same layouts instead."""
+    if type(module) is not nn.Linear:
+        plain = plain_kind(input_layouts=style.input_layouts[0], output_layouts=style.output_layouts[0])
+        return plain._apply(module, mesh)
+    parallel = plain_kind._apply(style, module, mesh)
+    module.forward = MethodType(partial(forward, group=mesh.get_group(), chunks=style.chunks), module)
+    return parallel
 
 
 @torch.compiler.disable  # eager collectives; a compiled block runs this layer between its graphs
@@ -98,11 +101,7 @@ class AsyncRowwiseParallel(RowwiseParallel):
         self.chunks = chunks
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if type(module) is not nn.Linear:
-            return RowwiseParallel(output_layouts=Shard(1))._apply(module, device_mesh)
-        parallel = super()._apply(module, device_mesh)
-        _run_forward(module, _rowwise_forward, device_mesh, self.chunks)
-        return parallel
+        return _apply_async(self, RowwiseParallel, module, device_mesh, _rowwise_forward)
 
     @staticmethod
     def _prepare_input_fn(input_layouts, desired_input_layouts, mod, inputs, device_mesh):
