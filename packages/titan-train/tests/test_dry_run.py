@@ -64,6 +64,10 @@ def test_debug_model_on_fsdp_tp_pp_reports_first_and_last_stage_classes(tmp_path
         (["--world-size", "two"], "--world-size 'two' is not a whole number"),
         (["--world-size", "3", "--parallelism.tensor_parallel_degree", "2"], "world size 3 is not divisible"),
         (["--world-size", "2"], "--world-size is for --dry-run"),
+        (
+            ["--world-size", "2", "--parallelism.data_parallel_replicate_degree", "2"],
+            "--dry-run cannot simulate DDP (parallelism.data_parallel_replicate_degree=2",
+        ),
     ],
 )
 def test_a_bad_world_size_is_a_config_error_before_any_work(args, message, capsys):
@@ -90,6 +94,59 @@ def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_p
     assert entry["peak_phase"] == "loss_backward"
     assert any("training.loss_chunk_tokens" in warning for warning in entry["warnings"])
     assert "# dry run: world size 8" in capsys.readouterr().out
+
+
+PIPELINES = [  # 4 pipeline ranks: ranks 1 and 2 hold alike stages
+    pytest.param("1F1B", "debug", id="1f1b"),  # 4 stages: 1, 2, 2, 1 blocks (embedding and head count one)
+    pytest.param("Interleaved1F1B", "tiny8", id="interleaved", marks=pytest.mark.slow),  # 8 stages, 2 per rank
+    pytest.param("InterleavedZeroBubble", "tiny8", id="interleaved_zb", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("schedule, flavor", PIPELINES)
+def test_a_class_of_pipeline_ranks_reports_its_worst_rank(tmp_path, schedule, flavor):
+    """Pipeline ranks holding alike stages form one class, simulated by its lowest rank; simulated one by one,
+    no rank of the class peaks higher (activations in flight fall with the pipeline rank)."""
+    args = (
+        "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "4", "--model.flavor", flavor,
+        "--parallelism.pipeline_parallel_degree", "4", "--parallelism.pipeline_parallel_schedule", schedule,
+        "--validation.enable", "false",  # V-shaped schedules have no forward-only pass
+    )  # fmt: skip
+    grouped = _dry_run(tmp_path / "grouped", *args)["rank_classes"]
+    each = {e["ranks"][0]: e for e in _dry_run(tmp_path / "each", *args, "--every-pipeline-rank")["rank_classes"]}
+    assert len(each) == 4 and len(grouped) == 3
+    middle = grouped[1]
+    assert middle["ranks"] == [1, 2] and "middle" in middle["name"]
+    for entry in grouped:
+        worst = entry["ranks"][0]
+        for key in ("peak_active_gib", "peak_reserved_gib"):
+            assert entry[key] == each[worst][key]
+            assert all(entry[key] >= each[rank][key] for rank in entry["ranks"])
+    # The class is worth having: its members really differ (fewer micro-batches in flight on rank 2).
+    assert each[1]["peak_active_gib"] > each[2]["peak_active_gib"]
+
+
+@pytest.mark.slow
+def test_a_v_shaped_schedule_simulates_every_pipeline_rank(tmp_path):
+    """The rank at the V's turn holds two adjacent stages and can peak above a lower middle rank: no grouping."""
+    args = (
+        "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "4", "--model.flavor", "tiny8",
+        "--parallelism.pipeline_parallel_degree", "4", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
+        "--validation.enable", "false",  # V-shaped schedules have no forward-only pass
+    )  # fmt: skip
+    classes = _dry_run(tmp_path, *args)["rank_classes"]
+    assert [c["ranks"] for c in classes] == [[0], [1], [2], [3]]
+    assert classes[3]["peak_active_gib"] > classes[1]["peak_active_gib"]  # why grouping would be wrong here
+
+
+def test_one_rank_without_sharding_holds_every_parameter(tmp_path):
+    """No FSDP or TP replaces the parameters: the model is materialized as built (a plain swap)."""
+    report = _dry_run(tmp_path, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "1")
+    (entry,) = report["rank_classes"]
+    spec = get_model_spec("llama3")
+    assert entry["ranks"] == [0]
+    assert entry["params_gib"] * GIB == _parameter_count(spec, spec.args_for("debug")) * 4
+    assert entry["optimizer_gib"] == 2 * entry["grads_gib"] == 2 * entry["params_gib"]
 
 
 def _parameter_count(spec, args) -> int:

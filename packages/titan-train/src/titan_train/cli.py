@@ -45,6 +45,8 @@ def _train(argv: list[str]) -> int:
 
     if cmd.world_size is not None and not cmd.dry_run:
         raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
+    if cmd.every_pipeline_rank and not cmd.dry_run:
+        raise ConfigError("command line: --every-pipeline-rank is for --dry-run")
     world_size = cmd.world_size if cmd.world_size is not None else world_size_from_env()
     if cmd.dry_run:
         from titan_train.dry_run import dry_run, resolve_dry_run_layout
@@ -53,7 +55,7 @@ def _train(argv: list[str]) -> int:
         layout, _ = resolve_dry_run_layout(config, world_size)
         print(to_toml(config))
         print(f"# layout: {layout.describe()}")
-        dry_run(config, world_size, cmd.device_memory_gib)
+        dry_run(config, world_size, cmd.device_memory_gib, cmd.every_pipeline_rank)
         return EXIT_OK
     resolve_layout(config, world_size)
     from titan_train.train import train

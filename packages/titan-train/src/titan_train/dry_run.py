@@ -7,6 +7,7 @@ clipping, the optimizer) on fake tensors. titan_debug's AllocationTracker record
 with its op and phase; titan_debug's caching-allocator model replays them for the reserved peak.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,6 +21,7 @@ import torch
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_models import get_model_spec
+from titan_parallel.layout import DataParallel
 from titan_train.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.config import ConfigError, JobConfig
 from titan_train.distributed import RunEnv
@@ -59,6 +61,15 @@ def resolve_dry_run_layout(config: JobConfig, world_size: int) -> tuple[Layout, 
             raise
         layout = resolve_layout(_eager(config), world_size)  # an error not about compile stops the dry run
         return layout, [f"the real run is refused: {refusal} (the dry run models the eager run)"]
+
+
+def _check_simulable(layout: Layout) -> None:
+    if layout.data_parallel is DataParallel.DDP:
+        raise ConfigError(
+            f"--dry-run cannot simulate DDP (parallelism.data_parallel_replicate_degree={layout.dims.dp_replicate} "
+            "with data_parallel_shard_degree=1): torch's C++ DDP reducer needs real tensors. Simulate the same "
+            "world with FSDP (data_parallel_shard_degree) or HSDP (both degrees > 1) instead"
+        )
 
 
 def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
@@ -178,35 +189,49 @@ def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
     return found
 
 
-def dry_run(config: JobConfig, world_size: int, device_memory_gib: float = 80.0) -> dict:
+def dry_run(
+    config: JobConfig, world_size: int, device_memory_gib: float = 80.0, every_pipeline_rank: bool = False
+) -> dict:
     """Simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
 
-    The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would."""
+    The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
+    `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py)."""
     check_world_size(world_size)
     allocator = allocator_setting()  # raises config errors before any work, as does the layout
     layout, unsupported = resolve_dry_run_layout(config, world_size)
-    classes = rank_classes(layout)
+    _check_simulable(layout)
+    classes = rank_classes(layout, every_pipeline_rank)
     for refusal in unsupported:
         logger.warning(f"dry run: unsupported: {refusal}")
     sim_config, unmodelled = _dry_run_config(config)
     unmodelled += allocator.unmodelled
     start = time.perf_counter()
     entries = []
-    for index, rank_class in enumerate(classes):
-        logger.info(
-            f"dry run: simulating {rank_class.name}, rank {rank_class.representative} ({index + 1}/{len(classes)})"
-        )
-        # A fresh process per rank: torch caches per-mesh state (DTensor's sharding and redistribute plans)
-        # that a second fake process group in the same process would find stale. Forked: nothing to re-import.
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
-            entry = child.submit(
-                _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator
-            )
-            entry = entry.result()
-        entry["device_memory_gib"] = device_memory_gib
-        entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
-        entry["warnings"] = _warnings(entry, config, device_memory_gib)
-        entries.append(entry)
+    # Each class in a fresh process: torch caches per-mesh state (DTensor's sharding and redistribute
+    # plans) that a second fake process group in the same process would find stale. Forked: nothing to
+    # re-import. As many at once as there are cores.
+    at_once = max(1, min(len(classes), os.cpu_count() or 1))
+    for first in range(0, len(classes), at_once):
+        batch = classes[first : first + at_once]
+        with contextlib.ExitStack() as children:
+            futures = []
+            for index, rank_class in enumerate(batch, first):
+                logger.info(
+                    f"dry run: simulating {rank_class.name}, rank {rank_class.representative} "
+                    f"({index + 1}/{len(classes)})"
+                )
+                child = children.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")))
+                futures.append(
+                    child.submit(
+                        _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator
+                    )
+                )
+            batch_entries = [future.result() for future in futures]
+        for entry in batch_entries:
+            entry["device_memory_gib"] = device_memory_gib
+            entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
+            entry["warnings"] = _warnings(entry, config, device_memory_gib)
+            entries.append(entry)
     report = {
         "world_size": world_size,
         "steps": STEPS,

@@ -10,9 +10,16 @@ Titan's own logic):
 - Pipeline stages exchange shape metadata by pickled P2P objects, which fake collectives cannot carry: a stage
   receives the hidden states [micro-batch, local sequence, dim] from its predecessor, and as output grads the
   metadata of its own outputs.
+- `Module.to_empty` swaps a fake parameter for its materialized copy (`torch.utils.swap_tensors`), which
+  refuses a tensor something holds a weak reference to, and FakeTensorMode's converter memos (caches: weak
+  value dictionaries) hold one to every fake Parameter they make: those cache entries are dropped before the
+  swap. FSDP and TP replace parameters with DTensors first, so only unsharded parameters meet this (one rank,
+  a pipeline stage without FSDP).
 """
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator
 from unittest import mock
 
@@ -24,6 +31,7 @@ from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwar
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdRef
 
 from titan_parallel.parallel_dims import ParallelDims
 
@@ -60,6 +68,28 @@ def _build_mesh_with_real_tensors(original):
     return build_mesh
 
 
+def _swap_dropping_cached_refs(original):
+    def swap_tensors(t1, t2):
+        for tensor in (t1, t2):
+            _drop_cache_entries(weakref.getweakrefs(tensor))
+        return original(t1, t2)
+
+    return swap_tensors
+
+
+def _drop_cache_entries(refs: list) -> None:
+    """Remove `refs` that are entries of weak dictionaries (a WeakValueDictionary's value, a
+    WeakIdKeyDictionary's key) from those dictionaries: the refs die with their entries."""
+    for ref in refs:
+        for table in gc.get_referrers(ref):
+            if not isinstance(table, dict):
+                continue
+            if isinstance(ref, weakref.KeyedRef) and table.get(ref.key) is ref:
+                del table[ref.key]
+            elif isinstance(ref, WeakIdRef) and any(key is ref for key in table):
+                del table[ref]
+
+
 def _stage_meta_exchange(hidden_meta):
     """`_recv_meta` for a stage whose neighbours live on other (simulated) ranks; `_send_meta` sends nothing."""
 
@@ -89,6 +119,7 @@ def fake_rank(rank: int, world_size: int, hidden_shape, hidden_dtype: torch.dtyp
             mock.patch.object(ParallelDims, "build_mesh", _build_mesh_with_real_tensors(ParallelDims.build_mesh)),
             mock.patch.object(PipelineStage, "_recv_meta", _stage_meta_exchange(hidden_meta)),
             mock.patch.object(PipelineStage, "_send_meta", lambda self, meta, dst_stage: None),
+            mock.patch.object(torch.utils, "swap_tensors", _swap_dropping_cached_refs(torch.utils.swap_tensors)),
             fake_mode,
             _DatalessOps(),
         ):

@@ -17,6 +17,8 @@ ACTIONS = {
     "(<dump_folder>/dry_run.json); needs no torchrun and no GPU",
     "--world-size N": "with --dry-run: the number of ranks (GPUs) to simulate (default: torchrun's WORLD_SIZE, else 1)",
     "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: 80)",
+    "--every-pipeline-rank": "with --dry-run: simulate each pipeline rank, not one per kind (first, middle, last: "
+    "the middle class reports its worst rank)",
 }
 
 
@@ -30,6 +32,7 @@ class CommandLine:
     dry_run: bool = False
     world_size: int | None = None
     device_memory_gib: float = 80.0
+    every_pipeline_rank: bool = False
 
 
 def parse_argv(argv: list[str]) -> CommandLine:
@@ -50,6 +53,9 @@ def parse_argv(argv: list[str]) -> CommandLine:
             continue
         if arg == "--dry-run":
             cmd.dry_run = True
+            continue
+        if arg == "--every-pipeline-rank":
+            cmd.every_pipeline_rank = True
             continue
         if arg.partition("=")[0] in ("--world-size", "--device-memory-gib"):
             i = _parse_dry_run_option(cmd, arg, argv, i)
