@@ -116,8 +116,9 @@ def _assert_fsdp_unit(unit: dict, o: dict, where: str, last_block: bool) -> None
 
 def titan_async_tp(o: dict) -> bool:
     """Titan's micro-pipelined styles: async TP asked for, not torch's SymmetricMemory pass (chosen by "auto" on
-    NCCL with inductor compile), and plain nn.Linear layers (Float8Linear keeps its own style and matmul)."""
-    if o.get("parallelism.enable_async_tensor_parallel") != "true" or o.get("float8.enable") == "true":
+    NCCL with inductor compile). Tensorwise Float8Linear layers take part through their float8 matmuls (where
+    float8 collectives run, torchao's float8 styles come first: see _assert_part)."""
+    if o.get("parallelism.enable_async_tensor_parallel") != "true":
         return False
     implementation = o.get("parallelism.async_tensor_parallel_implementation", "auto")
     symmetric_memory_runs = (

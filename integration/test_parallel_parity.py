@@ -119,7 +119,7 @@ WIDE_CASES = [
     # Float8 (emulated on CPU: the same float8 rounding, matmuls in fp32) against single-process float8.
     ("fsdp2_float8_all_gather", 2, 2, FLOAT8, ["--float8.enable_fsdp_float8_all_gather", "true"]),
     ("tp2_float8", 2, 1, FLOAT8, ["--parallelism.tensor_parallel_degree", "2"]),
-    # Float8Linear keeps its plain TP style under async TP (its float8 matmul must run): the rest composes.
+    # Float8Linear under async TP: the chunked collectives run its float8 matmuls (whole-tensor scales).
     ("tp2_float8_async", 2, 1, FLOAT8, ["--parallelism.tensor_parallel_degree", "2", *ASYNC_TP]),
     pytest.param("fsdp2_tp2_pp2_cp2", 16, 2, (), [*PP2, "--parallelism.tensor_parallel_degree", "2",
                                                   "--parallelism.context_parallel_degree", "2"],

@@ -1,15 +1,20 @@
 """Launched by test_async_tensor_parallel.py under torchrun (gloo): the chunked all-gather-matmul and
-matmul-reduce-scatter against the unchunked math, the order of their collectives and matmuls, and the async
-styles on a Llama-shaped toy against plain TP."""
+matmul-reduce-scatter against the unchunked math, the order of their collectives and matmuls, the async
+styles on a Llama-shaped toy against plain TP, and Linear subclasses with forwards of their own that offer
+their matmuls (the async_tp_matmuls protocol) against their own forwards under plain TP, or decline."""
 
 import copy
+import logging
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -199,10 +204,152 @@ def check_styles_match_plain_tp() -> None:
     assert async_run.counts["rs"] == 2 * pp_toy.N_LAYERS * chunks * 2, async_run.counts  # + backward's scatters
 
 
+def rounded(t: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """t rounded to bfloat16 relative to `amax` (a whole tensor's: a local one rounds differently), with an
+    identity gradient (t + the exact fp64 difference is the rounded value, exactly)."""
+    return t + ((t / amax).to(torch.bfloat16).to(t.dtype) * amax - t).detach()
+
+
+class RoundingLinear(nn.Linear):
+    """A Linear with a forward of its own, as Float8Linear has: operands rounded relative to their whole
+    tensor's absolute max (under plain TP, of the DTensor: every rank's part)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rounded(x, x.detach().abs().max()), rounded(self.weight, self.weight.detach().abs().max()))
+
+
+class RoundingMatmuls(ops.LinearMatmuls):
+    """RoundingLinear's arithmetic for the async styles: the whole tensors' amaxes reduced before the chunks."""
+
+    parts: list[tuple[str, tuple[int, ...]]] = []  # (hook, shape of the part it saw), over all instances
+
+    def __init__(self, layer: nn.Module):
+        assert isinstance(layer, RoundingLinear), layer
+
+    def begin_forward(self, x_part, weight, group):
+        self.parts.append(("forward", tuple(x_part.shape)))
+        amax = torch.stack([x_part.abs().max(), weight.abs().max()])
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        self.x_amax, self.weight_amax = amax
+
+    def forward(self, x_rows, weight):
+        return torch.matmul(rounded(x_rows, self.x_amax), rounded(weight, self.weight_amax).t())
+
+    def begin_backward(self, grad_part, weight, group):
+        self.parts.append(("backward", tuple(grad_part.shape)))
+
+    def grad_input(self, grad_rows, weight):
+        return torch.matmul(grad_rows, rounded(weight, self.weight_amax))
+
+    def grad_weight(self, grad_rows, x_rows):
+        return torch.matmul(grad_rows.t(), rounded(x_rows, self.x_amax))
+
+
+class OfferingLinear(RoundingLinear):
+    async_tp_matmuls = RoundingMatmuls
+
+
+class DecliningLinear(RoundingLinear):
+    async_tp_unavailable = "declined for the test"
+
+
+class FeedForward(nn.Module):
+    def __init__(self, kinds: dict[str, type]):
+        super().__init__()
+        self.w1 = kinds["w1"](IN, 2 * OUT, bias=False, dtype=torch.float64)
+        self.w3 = kinds["w3"](IN, 2 * OUT, bias=False, dtype=torch.float64)
+        self.w2 = kinds["w2"](2 * OUT, IN, bias=False, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+FEED_FORWARD_PLAN = {
+    "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "feed_forward.w1": ColwiseParallel(),
+    "feed_forward.w3": ColwiseParallel(),
+    "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+}
+
+
+def run_feed_forward(kinds: dict[str, type], async_tp: str | None):
+    """Output, input-shard gradient, full weight gradients and applied styles of one forward/backward."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.feed_forward = FeedForward(kinds)
+    apply_tp(model, init_device_mesh("cpu", (world,)), FEED_FORWARD_PLAN, async_tp=async_tp)
+    x, grad_y = full(BATCH, world * ROWS, IN, seed=7), full(BATCH, world * ROWS, IN, seed=8)
+    rows = slice(rank * ROWS, (rank + 1) * ROWS)
+    shard = x[:, rows].clone().requires_grad_()
+    out = model.feed_forward(shard)
+    (out * grad_y[:, rows]).sum().backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    return out.detach(), shard.grad, grads, describe_applied([model], [])[0]["tp_styles"]
+
+
+def check_offered_matmuls() -> None:
+    """Linear subclasses with forwards of their own join async TP through the matmuls they offer: async
+    styles, the offered arithmetic (whole-tensor statistics included) equal to the layers' own forwards
+    under plain TP, and the begin hooks given this rank's parts (w1: its sequence rows, w3: the gathered
+    input it reuses, w2: its feature columns; backward: output-gradient parts)."""
+    world = dist.get_world_size()
+    kinds = dict.fromkeys(("w1", "w2", "w3"), OfferingLinear)
+    out, grad_x, grads, styles = run_feed_forward(kinds, None)
+    assert styles["feed_forward.w1"] == "ColwiseParallel", styles
+    RoundingMatmuls.parts.clear()
+    async_out, async_grad_x, async_grads, async_styles = run_feed_forward(kinds, "titan")
+    expected = {"w1": "AsyncColwiseParallel", "w3": "AsyncColwiseParallel", "w2": "AsyncRowwiseParallel"}
+    assert {k: async_styles[f"feed_forward.{k}"] for k in expected} == expected, async_styles
+    torch.testing.assert_close(async_out, out)
+    torch.testing.assert_close(async_grad_x, grad_x)
+    for name, grad in grads.items():
+        torch.testing.assert_close(async_grads[name], grad, msg=lambda m, name=name: f"{name}: {m}")
+    hidden = 2 * OUT // world
+    assert RoundingMatmuls.parts == [
+        ("forward", (BATCH, ROWS, IN)),
+        ("forward", (BATCH, world * ROWS, IN)),
+        ("forward", (BATCH, world * ROWS, hidden)),
+        ("backward", (BATCH, ROWS, IN)),
+        ("backward", (BATCH, world * ROWS, hidden)),
+        ("backward", (BATCH, world * ROWS, hidden)),
+    ], RoundingMatmuls.parts
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def check_declined_matmuls_logged() -> None:
+    """A Linear subclass that offers no matmuls keeps the plain style; one log line names it and why."""
+    records = Records()
+    logger = logging.getLogger("titan.parallel")
+    logger.addHandler(records)
+    try:
+        kinds = {"w1": OfferingLinear, "w3": RoundingLinear, "w2": DecliningLinear}
+        *_, styles = run_feed_forward(kinds, "titan")
+    finally:
+        logger.removeHandler(records)
+    assert styles["feed_forward.w1"] == "AsyncColwiseParallel", styles
+    assert styles["feed_forward.w3"] == "ColwiseParallel", styles
+    assert styles["feed_forward.w2"] == "RowwiseParallel", styles
+    plain = [m for m in records.messages if "keep the plain TP style" in m]
+    assert len(plain) == 1, records.messages
+    assert "feed_forward.w2 (declined for the test)" in plain[0], plain
+    assert "feed_forward.w3 (RoundingLinear has a forward of its own" in plain[0], plain
+    assert "feed_forward.w1" not in plain[0], plain
+
+
 def build_cases() -> dict:
     cases = {f"all_gather_matmul_chunks{c}": (lambda c=c: check_all_gather_matmul(c)) for c in (1, 2, 3, ROWS)}
     cases |= {f"matmul_reduce_scatter_chunks{c}": (lambda c=c: check_matmul_reduce_scatter(c)) for c in (1, 2, 3, ROWS)}
     cases |= {"bad_chunks": check_bad_chunks, "overlap": check_overlap, "styles": check_styles_match_plain_tp}
+    cases |= {"offered_matmuls": check_offered_matmuls, "declined_matmuls": check_declined_matmuls_logged}
     return cases
 
 

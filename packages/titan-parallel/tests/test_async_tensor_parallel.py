@@ -1,10 +1,13 @@
-"""Async tensor parallel: the chunked ops and styles on 2 ranks (async_tp_script.py), the plan rewrite, and
-where torch's SymmetricMemory path can run."""
+"""Async tensor parallel: the chunked ops and styles on 2 ranks (async_tp_script.py; with them Linear
+subclasses that offer their own matmuls or decline), the plan rewrite, and where torch's SymmetricMemory
+path can run."""
 
+import logging
 import sys
 from pathlib import Path
 
 import pytest
+from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
@@ -27,6 +30,8 @@ CASES = [
     "bad_chunks",
     "overlap",
     "styles",
+    "offered_matmuls",
+    "declined_matmuls",
 ]
 
 
@@ -61,6 +66,24 @@ def test_plan_rewrite_touches_only_sequence_parallel_projections():
     assert plan["layers.*.attention"].desired_input_layouts == (Replicate(), None)  # not mutated
     for fqn in ("output", "layers.*.other", "layers.*.attention.wr"):
         assert rewritten[fqn] is plan[fqn]
+
+
+class OwnColwiseParallel(ColwiseParallel):
+    """A style with logic of its own (as torchao's Float8ColwiseParallel casts before its collective)."""
+
+
+def test_plan_rewrite_keeps_and_logs_styles_of_their_own(caplog):
+    model = nn.Module()
+    model.attention = nn.Module()
+    model.attention.wq = nn.Linear(4, 4)
+    plan = {
+        "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attention.wq": OwnColwiseParallel(),
+    }
+    with caplog.at_level(logging.INFO, logger="titan.parallel"):
+        rewritten = async_tp_plan(plan, model=model)
+    assert rewritten["attention.wq"] is plan["attention.wq"]
+    assert "attention.wq (OwnColwiseParallel)" in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,19 @@ def test_a_v_shaped_schedule_simulates_every_pipeline_rank(tmp_path):
     assert classes[3]["peak_active_gib"] > classes[1]["peak_active_gib"]  # why grouping would be wrong here
 
 
+def test_async_tp_over_float8_weights_gathered_by_fsdp(tmp_path):
+    """FSDP's float8 all-gather hands the chunked async-TP matmuls float8 weights (the 70B / 405B recipes)."""
+    report = _dry_run(
+        tmp_path, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "4",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel", "true",
+        "--float8.enable", "true", "--float8.enable_fsdp_float8_all_gather", "true",
+        "--training.mixed_precision_param", "bfloat16",
+    )  # fmt: skip
+    (entry,) = report["rank_classes"]
+    assert entry["ranks"] == [0, 1, 2, 3] and entry["peak_active_gib"] > 0
+    assert "async TP: symmetric-memory buffers" in report["unmodelled"]
+
+
 def test_one_rank_without_sharding_holds_every_parameter(tmp_path):
     """No FSDP or TP replaces the parameters: the model is materialized as built (a plain swap)."""
     report = _dry_run(tmp_path, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "1")

@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from titan_float8.async_tp import offer_async_tp_matmuls
 from titan_float8.convert import Float8Options, convert_to_float8
 from titan_float8.fsdp import precompute_float8_scales
 from titan_float8.tensor_parallel import float8_tp_plan
@@ -26,7 +27,11 @@ class Float8Converter:
         convert_to_float8(model, self.options)
 
     def tp_plan(self, plan: dict, model: nn.Module, tp_mesh: DeviceMesh) -> dict:
-        return float8_tp_plan(plan, model, tp_mesh) if self.options.enable else plan
+        if not self.options.enable:
+            return plan
+        # For titan-parallel's async TP styles, should the plan get them (the converter is not told).
+        offer_async_tp_matmuls(model)
+        return float8_tp_plan(plan, model, tp_mesh)
 
     def after_optimizer_step(self, parts: list[nn.Module]) -> None:
         if not self.precompute_scales:

@@ -59,7 +59,7 @@ from titan_parallel.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
 from titan_parallel.stored_params import sharded_params
 from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 __all__ = [
     "ACGranularity",

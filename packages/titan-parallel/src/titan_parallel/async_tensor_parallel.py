@@ -15,13 +15,23 @@ Only the default-shaped entries of a Megatron-style plan change: a module whose 
 gathers from Shard(1) to Replicate keeps it Shard(1) instead, so that its ColwiseParallel children can
 gather it chunk by chunk; the first child to see that input gathers it and leaves the gathered tensor on
 it for its siblings (wq gathers, wk and wv reuse: one all-gather per module, as plain TP). Row-wise entries
-whose output goes back to Shard(1) reduce-scatter chunk by chunk. Other entries, and modules that are not
-exactly nn.Linear (e.g. Float8Linear, whose matmul must stay its own), keep the plain styles. The async
-layers wait on collectives between matmuls, so they run eagerly (torch.compiler.disable): a block compiled
-whole (fullgraph) cannot hold them; "symmetric_memory" is the compiled path.
+whose output goes back to Shard(1) reduce-scatter chunk by chunk. Other entries keep their styles (among
+them styles that subclass the plain ones, such as torchao's float8 styles on a GPU mesh). The async layers
+wait on collectives between matmuls, so they run eagerly (torch.compiler.disable): a block compiled whole
+(fullgraph) cannot hold them; "symmetric_memory" is the compiled path.
+
+A subclass of nn.Linear has a forward of its own (Float8Linear casts to float8 around its matmuls), which
+the async forward would bypass. It joins async TP by offering its matmuls (a protocol, duck typed, so that
+no package imports the other): an attribute `async_tp_matmuls` holding a callable that takes the layer and
+returns a fresh async_tp_ops.LinearMatmuls-shaped object for one forward and its backward (titan-float8's
+`offer_async_tp_matmuls` sets it on tensorwise Float8Linear layers). A subclass without it keeps the plain
+style with the same layouts; an attribute `async_tp_unavailable` (a string) says why, and `async_tp_plan`
+given the model logs those layers once.
 """
 
 import copy
+import logging
+from fnmatch import fnmatch
 from functools import partial
 from types import MethodType
 
@@ -32,7 +42,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from titan_parallel.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
+from titan_parallel.async_tp_ops import all_gather_matmul, linear, matmul_reduce_scatter
+
+logger = logging.getLogger("titan.parallel")
 
 DEFAULT_CHUNKS = 4
 """Chunks per collective (fewer where a rank holds fewer sequence rows): more chunks overlap more of the
@@ -41,6 +53,11 @@ transfer, at the cost of smaller matmuls and more messages."""
 IMPLEMENTATIONS = ("titan", "symmetric_memory")
 
 _GATHERED = "_titan_async_tp_gathered"  # attribute of a module input: (group, its gathered tensor)
+
+ASYNC_TP_MATMULS = "async_tp_matmuls"
+"""The attribute by which a subclass of nn.Linear offers its matmuls to the async styles (module docstring)."""
+ASYNC_TP_UNAVAILABLE = "async_tp_unavailable"
+"""The attribute (a string) by which a subclass of nn.Linear says why it cannot offer them."""
 
 
 class AsyncColwiseParallel(ColwiseParallel):
@@ -69,25 +86,41 @@ class AsyncColwiseParallel(ColwiseParallel):
 
 def _apply_async(style, plain_kind: type, module: nn.Module, mesh: DeviceMesh, forward) -> nn.Module:
     """Apply `style` (an async subclass of `plain_kind`) with `forward` as the module's forward (an instance
-    attribute: other Linears, and the class, unchanged). A subclass of nn.Linear (Float8Linear), whose own
-    forward must run, gets the plain style with the same layouts instead."""
+    attribute: other Linears, and the class, unchanged). A subclass of nn.Linear whose own forward must run
+    takes part through the matmuls it offers; one that offers none gets the plain style with the same
+    layouts instead."""
+    matmuls_for = None
     if type(module) is not nn.Linear:
-        plain = plain_kind(input_layouts=style.input_layouts[0], output_layouts=style.output_layouts[0])
-        return plain._apply(module, mesh)
+        matmuls_for = offered_matmuls(module)
+        if matmuls_for is None:
+            plain = plain_kind(input_layouts=style.input_layouts[0], output_layouts=style.output_layouts[0])
+            return plain._apply(module, mesh)
     parallel = plain_kind._apply(style, module, mesh)
-    module.forward = MethodType(partial(forward, group=mesh.get_group(), chunks=style.chunks), module)
+    bound = partial(forward, group=mesh.get_group(), chunks=style.chunks, matmuls_for=matmuls_for)
+    module.forward = MethodType(bound, module)
     return parallel
 
 
+def offered_matmuls(module: nn.Module):
+    """The callable (layer -> matmuls) that a subclass of nn.Linear offers for async TP, or None."""
+    offer = getattr(module, ASYNC_TP_MATMULS, None)
+    return offer if isinstance(module, nn.Linear) and callable(offer) else None
+
+
+def _matmuls(module: nn.Module, matmuls_for):
+    return None if matmuls_for is None else matmuls_for(module)
+
+
 @torch.compiler.disable  # eager collectives; a compiled block runs this layer between its graphs
-def _colwise_forward(module: nn.Linear, x: DTensor, *, group, chunks: int) -> torch.Tensor:
+def _colwise_forward(module: nn.Linear, x: DTensor, *, group, chunks: int, matmuls_for) -> torch.Tensor:
     weight = module.weight.to_local()
+    matmuls = _matmuls(module, matmuls_for)
     shared = getattr(x, _GATHERED, None)
     if shared is not None and shared[0] is group:
-        out = F.linear(shared[1], weight)
+        out = F.linear(shared[1], weight) if matmuls is None else linear(shared[1], weight, group, matmuls)
     else:
         local = x.to_local()
-        out, gathered = all_gather_matmul(local, weight, group, min(chunks, local.shape[1]))
+        out, gathered = all_gather_matmul(local, weight, group, min(chunks, local.shape[1]), matmuls)
         setattr(x, _GATHERED, (group, gathered))
     return out if module.bias is None else out + module.bias.to_local()
 
@@ -116,16 +149,19 @@ class AsyncRowwiseParallel(RowwiseParallel):
 
 
 @torch.compiler.disable
-def _rowwise_forward(module: nn.Linear, x: torch.Tensor, *, group, chunks: int) -> torch.Tensor:
+def _rowwise_forward(module: nn.Linear, x: torch.Tensor, *, group, chunks: int, matmuls_for) -> torch.Tensor:
     rows = x.shape[1] // group.size()
-    out = matmul_reduce_scatter(x, module.weight.to_local(), group, min(chunks, max(rows, 1)))
+    matmuls = _matmuls(module, matmuls_for)
+    out = matmul_reduce_scatter(x, module.weight.to_local(), group, min(chunks, max(rows, 1)), matmuls)
     return out if module.bias is None else out + module.bias.to_local()
 
 
-def async_tp_plan(plan: dict, chunks: int = DEFAULT_CHUNKS) -> dict:
-    """`plan` with its sequence-parallel gathers and reduce-scatters micro-pipelined (module docstring)."""
+def async_tp_plan(plan: dict, chunks: int = DEFAULT_CHUNKS, model: nn.Module | None = None) -> dict:
+    """`plan` with its sequence-parallel gathers and reduce-scatters micro-pipelined (module docstring).
+    With `model` (the module the plan will be applied to), logs once which of its layers keep a plain or
+    their own style, and why."""
     gathering = {fqn for fqn, style in plan.items() if _gathers_sequence(style)}
-    result = {}
+    result, own_styles = {}, {}
     for fqn, style in plan.items():
         if fqn in gathering:
             result[fqn] = copy.copy(style)
@@ -136,7 +172,46 @@ def async_tp_plan(plan: dict, chunks: int = DEFAULT_CHUNKS) -> dict:
             result[fqn] = AsyncRowwiseParallel(chunks)
         else:
             result[fqn] = style
+            if _is_foreign_linear_style(style):
+                own_styles[fqn] = type(style).__name__
+    if model is not None:
+        _log_kept_styles(model, result, own_styles)
     return result
+
+
+def _log_kept_styles(model: nn.Module, plan: dict, own_styles: dict[str, str]) -> None:
+    if own_styles:
+        kept = ", ".join(f"{fqn} ({name})" for fqn, name in own_styles.items())
+        logger.info(f"async TP (titan): entries with styles of their own keep them, not micro-pipelined: {kept}")
+    plain = {}
+    for pattern, style in plan.items():
+        if isinstance(style, (AsyncColwiseParallel, AsyncRowwiseParallel)):
+            for fqn, module in _matching_modules(model, pattern).items():
+                if type(module) is not nn.Linear and offered_matmuls(module) is None:
+                    default = f"{type(module).__name__} has a forward of its own and offers no {ASYNC_TP_MATMULS}"
+                    plain[fqn] = getattr(module, ASYNC_TP_UNAVAILABLE, default)
+    if plain:
+        kept = "; ".join(f"{fqn} ({reason})" for fqn, reason in plain.items())
+        logger.warning(f"async TP (titan): {len(plain)} layers keep the plain TP style: {kept}")
+
+
+def _matching_modules(model: nn.Module, pattern: str) -> dict[str, nn.Module]:
+    """The submodules a parallelize_module key names, by FQN (each dot-separated token is an fnmatch)."""
+    found = {"": model}
+    for token in pattern.split("."):
+        found = {
+            f"{prefix}.{name}" if prefix else name: child
+            for prefix, module in found.items()
+            for name, child in module.named_children()
+            if fnmatch(name, token)
+        }
+    return found
+
+
+def _is_foreign_linear_style(style) -> bool:
+    """A style that subclasses a plain linear one with logic of its own (torchao's Float8ColwiseParallel)."""
+    known = (ColwiseParallel, RowwiseParallel, AsyncColwiseParallel, AsyncRowwiseParallel)
+    return isinstance(style, (ColwiseParallel, RowwiseParallel)) and type(style) not in known
 
 
 def _gathers_sequence(style) -> bool:

@@ -38,7 +38,7 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_
     """
     present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _set_to_none(model, fqn)}
     if async_tp == "titan":
-        present = async_tp_plan(present)
+        present = async_tp_plan(present, model=model)  # model: to log the layers that stay plain
     elif async_tp == "symmetric_memory":
         enable_symmetric_memory_async_tp()
     elif async_tp is not None:
