@@ -43,7 +43,7 @@ from titan_debug.progress import Progress, ProgressLine
 from titan_debug.throughput import Throughput, ThroughputWindow
 from titan_debug.wandb_logger import WandbWriter
 
-__version__ = "0.7.0"
+__version__ = "0.7.1"
 
 __all__ = [
     "AllocEvent",

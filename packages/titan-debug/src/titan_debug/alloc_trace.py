@@ -81,8 +81,14 @@ class _LiveStorage:
     holders: int = 1  # Python storage objects standing for this memory (see _RETURNS_ITS_INPUT)
 
 
-def _device_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+def _device_tensors(t: torch.Tensor) -> Iterable[torch.Tensor]:
     """The plain tensors that own memory behind ``t`` (a DTensor's local shard, not the wrapper)."""
+    if not is_traceable_wrapper_subclass(t):
+        return (t,)  # the common case, without a generator: this runs for every op's every output
+    return _wrapped_tensors(t)
+
+
+def _wrapped_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
     pending = [t]
     while pending:
         current = pending.pop()
@@ -111,8 +117,14 @@ class _Observer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.tracker._record_outputs(str(func), out, (args, kwargs))
+        name = _OP_NAMES.get(func)
+        if name is None:
+            name = _OP_NAMES[func] = str(func)
+        self.tracker._record_outputs(name, out, (args, kwargs))
         return out
+
+
+_OP_NAMES: dict = {}  # op -> its name, as str(op) builds it afresh each time
 
 
 class AllocationTracker:
@@ -218,7 +230,7 @@ class AllocationTracker:
 
     def _record_outputs(self, op: str, out, inputs) -> None:
         input_storage_ids = None  # computed only when an unknown output storage needs the aliasing check
-        for leaf in tree_leaves(out):
+        for leaf in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if not isinstance(leaf, torch.Tensor):
                 continue
             for inner in _device_tensors(leaf):

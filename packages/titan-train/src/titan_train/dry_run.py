@@ -209,8 +209,9 @@ def dry_run(
     entries = []
     # Each class in a fresh process: torch caches per-mesh state (DTensor's sharding and redistribute
     # plans) that a second fake process group in the same process would find stale. Forked: nothing to
-    # re-import. As many at once as there are cores.
-    at_once = max(1, min(len(classes), os.cpu_count() or 1))
+    # re-import. Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once,
+    # and the last one does not run alone after the others.
+    at_once = max(1, min(len(classes), 2 * (os.cpu_count() or 1)))
     for first in range(0, len(classes), at_once):
         batch = classes[first : first + at_once]
         with contextlib.ExitStack() as children:

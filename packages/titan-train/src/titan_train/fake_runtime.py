@@ -29,7 +29,6 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwardMeta, extract_tensor_metas
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdRef
 
@@ -45,19 +44,21 @@ def _scalar_of(tensor: FakeTensor):
     return False if tensor.dtype == torch.bool else (1.0 if tensor.dtype.is_floating_point else 0)
 
 
-class _DatalessOps(TorchDispatchMode):
-    """Scalar reads of fake tensors, and ops on real tensors only (the mesh's rank tables) run for real."""
+class _DatalessFakeTensorMode(FakeTensorMode):
+    """FakeTensorMode, except: scalar reads of fake tensors read `_scalar_of`, and ops on real tensors only
+    (the mesh's rank tables) run for real. One mode, not a second one stacked on it: it sees every op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _SCALAR_READS and isinstance(args[0], FakeTensor):
             value = _scalar_of(args[0])
             return value if func is torch.ops.aten._local_scalar_dense.default else bool(value)
-        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if tensors and not any(isinstance(t, FakeTensor) or t.is_meta for t in tensors):
-            with unset_fake_temporarily():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        if not any(isinstance(a, FakeTensor) for a in args):  # else (most ops) it is fake work at once
+            tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            if tensors and not any(isinstance(t, FakeTensor) or t.is_meta for t in tensors):
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def _build_mesh_with_real_tensors(original):
@@ -108,7 +109,7 @@ def fake_rank(rank: int, world_size: int, hidden_shape, hidden_dtype: torch.dtyp
     if dist.is_initialized():
         raise RuntimeError("a dry run needs a process without a process group (it creates a fake one)")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = _DatalessFakeTensorMode(allow_non_fake_inputs=True)
 
     def hidden_meta(stage):
         with fake_mode:
@@ -121,7 +122,6 @@ def fake_rank(rank: int, world_size: int, hidden_shape, hidden_dtype: torch.dtyp
             mock.patch.object(PipelineStage, "_send_meta", lambda self, meta, dst_stage: None),
             mock.patch.object(torch.utils, "swap_tensors", _swap_dropping_cached_refs(torch.utils.swap_tensors)),
             fake_mode,
-            _DatalessOps(),
         ):
             yield fake_mode
     finally:
