@@ -30,7 +30,7 @@ WHY = {
     "torch.compile": ("compile's fusion and buffer reuse (blocks run eager)", +1),
     "Float8:": ("Float8 casts run as torchao's eager ops, not fused kernels", +1),
     "Float8 TP": ("TP collectives sent in high precision, not float8", +1),
-    "async TP": ("async TP's symmetric-memory buffers", -1),
+    "async TP": ("async TP's symmetric-memory buffers (torch's pass, simulated as plain TP)", -1),
     "pipeline P2P": ("pipeline P2P staging buffers", -1),
     "allocator option": ("allocator options not modelled", 0),
 }

@@ -149,7 +149,25 @@ def test_async_tp_over_float8_weights_gathered_by_fsdp(tmp_path):
     )  # fmt: skip
     (entry,) = report["rank_classes"]
     assert entry["ranks"] == [0, 1, 2, 3] and entry["peak_active_gib"] > 0
-    assert "async TP: symmetric-memory buffers" in report["unmodelled"]
+    # Not compiled: a CUDA run would use Titan's eager layers too, and those are what ran.
+    assert not any(u.startswith("async TP") for u in report["unmodelled"])
+
+
+def test_async_tp_is_modelled_as_a_cuda_run_would_choose_it(tmp_path):
+    """ "auto" with compile: torch's SymmetricMemory pass on the modelled GPUs (simulated as the plain TP it
+    rewrites, and said so); Titan's layers when asked for. Decided for CUDA, though the dry run runs on CPU."""
+    args = (
+        "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2", "--compile.enable", "true",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel", "true",
+    )  # fmt: skip
+    auto = _dry_run(tmp_path / "auto", *args)
+    symmetric = _dry_run(
+        tmp_path / "sm", *args, "--parallelism.async_tensor_parallel_implementation", "symmetric_memory"
+    )
+    titan = _dry_run(tmp_path / "titan", *args, "--parallelism.async_tensor_parallel_implementation", "titan")
+    for report in (auto, symmetric):
+        assert any(u.startswith("async TP: torch's SymmetricMemory pass") for u in report["unmodelled"])
+    assert not any(u.startswith("async TP") for u in titan["unmodelled"])
 
 
 def test_one_rank_without_sharding_holds_every_parameter(tmp_path):

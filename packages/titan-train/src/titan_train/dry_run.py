@@ -21,6 +21,7 @@ import torch
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_models import get_model_spec
+from titan_parallel.async_tensor_parallel import symmetric_memory_unavailable
 from titan_parallel.layout import DataParallel
 from titan_train.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.config import ConfigError, JobConfig
@@ -33,6 +34,8 @@ from titan_train.step_memory import measure_steps
 logger = logging.getLogger("titan")
 GIB = 1024**3
 STEPS = 2
+GPUS_PER_NODE = 8
+"""GPUs per node of the modelled cluster (H100 HGX nodes, as the paper's): where a TP group can use NVLink."""
 ALWAYS_UNMODELLED = [
     "CUDA context, NCCL communicator and kernel-library workspaces (allocated outside PyTorch's caching allocator)",
     "attention kernels: the CPU flash-attention op's outputs and saved tensors stand for the GPU kernel's",
@@ -48,12 +51,42 @@ def _eager(config: JobConfig) -> JobConfig:
     return dataclasses.replace(config, compile=dataclasses.replace(config.compile, enable=False))
 
 
+def _async_tp_as_on_gpus(config: JobConfig) -> tuple[JobConfig, list[str]]:
+    """The config with async TP as a CUDA run of it would have it, and what of that goes unmodelled.
+
+    `async_tensor_parallel_implementation = "auto"` picks torch's SymmetricMemory pass on GPUs where it can
+    run (compiled, inductor, the TP group on one node), Titan's eager layers elsewhere: decided here for the
+    modelled GPUs, not for this CPU. The pass rewrites compiled graphs, and the simulation runs eager, so a
+    run that would use it is simulated with the plain TP styles it compiles from."""
+    p = config.parallelism
+    if not p.enable_async_tensor_parallel or p.tensor_parallel_degree == 1:
+        return config, []
+    backend = config.compile.backend if config.compile.enable else None
+    reason = symmetric_memory_unavailable("cuda", backend, p.tensor_parallel_degree, GPUS_PER_NODE)
+    if p.async_tensor_parallel_implementation == "titan" or (
+        p.async_tensor_parallel_implementation == "auto" and reason is not None
+    ):
+        return config, []  # Titan's eager layers: simulated as they are
+    if reason is not None:
+        raise ConfigError(
+            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run on the modelled "
+            f"GPUs ({GPUS_PER_NODE} per node): {reason}; use 'titan' or 'auto'"
+        )
+    plain = dataclasses.replace(config, parallelism=dataclasses.replace(p, enable_async_tensor_parallel=False))
+    note = (
+        "async TP: torch's SymmetricMemory pass (a CUDA run's choice here) rewrites compiled graphs, which run "
+        "eager in the simulation: modelled as the plain TP it compiles from, without its symmetric-memory buffers"
+    )
+    return plain, [note]
+
+
 def resolve_dry_run_layout(config: JobConfig, world_size: int) -> tuple[Layout, list[str]]:
     """The layout the dry run simulates, and what the real run would refuse that the dry run goes past.
 
     The simulation runs compiled blocks eager, so a config refused only because of torch.compile (e.g.
     compiled whole-block checkpoints with DTensor parameters) is still modelled: the refusal is reported
     as unsupported. Any other config error stays an error."""
+    config, _ = _async_tp_as_on_gpus(config)
     try:
         return resolve_layout(config, world_size), []
     except ConfigError as refusal:
@@ -74,6 +107,7 @@ def _check_simulable(layout: Layout) -> None:
 
 def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
     """The config the simulation runs, and what it cannot model as configured."""
+    config, async_tp_notes = _async_tp_as_on_gpus(config)
     unmodelled = list(ALWAYS_UNMODELLED)
     if config.compile.enable:
         unmodelled.append(
@@ -86,8 +120,7 @@ def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
             unmodelled.append(
                 "Float8 TP: on the simulated (CPU) mesh TP collectives stay in high precision; a GPU run sends float8"
             )
-    if config.parallelism.enable_async_tensor_parallel:
-        unmodelled.append("async TP: symmetric-memory buffers")
+    unmodelled += async_tp_notes
     if config.parallelism.pipeline_parallel_degree > 1:
         unmodelled.append("pipeline P2P: NCCL's send/recv staging buffers")
     # Nothing to save or resume: checkpoints and validation stay off.
