@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.trainer import Trainer
 
 EXTRA_NUMEL = 7  # a size no collective of the model has, so the dump shows which one it was
 

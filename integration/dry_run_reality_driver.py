@@ -10,9 +10,9 @@ import pathlib
 import sys
 
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.dry_run import STEPS
-from titan_train.step_memory import measure_steps
+from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.simulate.dry_run import STEPS
+from titan_train.simulate.step_memory import measure_steps
 
 
 def main(out_dir: str, argv: list[str]) -> None:

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from titan_parallel.applied_layout import clean_fqn
+from titan_parallel.model.applied_layout import clean_fqn
 from titan_train.config import load_config, parse_argv
 from titan_train.data import build_dataloader
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.trainer import Trainer
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,10 @@ import sys
 import torch
 
 from parity_driver import full, merged_over_ranks
-from titan_parallel.applied_layout import clean_fqn
+from titan_parallel.model.applied_layout import clean_fqn
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.trainer import Trainer
 
 
 def main(argv: list[str]) -> None:

@@ -33,7 +33,7 @@ from titan_checkpoint import (  # noqa: E402
     load_hf_into_model,
 )
 from titan_models.generate import generate  # noqa: E402
-from titan_train.tokenizer import load_tokenizer  # noqa: E402
+from titan_train.data.tokenizer import load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -206,8 +206,8 @@ def test_initial_load_from_hf_finds_the_llama_adapter_by_entry_point(trained, ex
 def test_export_metadata_carries_the_real_context_length(flavor):
     """An 8B (1B) trained at seq_len 4096 exports max_position_embeddings 131072, from the metadata the
     trainer stores (a meta-device model: no weights needed), and from a fingerprint-only older checkpoint."""
-    from titan_train.checkpointing import fingerprint, model_meta
     from titan_train.config import load_config, parse_argv
+    from titan_train.run.checkpointing import fingerprint, model_meta
 
     config = load_config(parse_argv(["--config", str(DEBUG_RECIPE), "--model.flavor", flavor,
                                      "--training.seq_len", "4096"]))  # fmt: skip

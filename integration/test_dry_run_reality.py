@@ -5,7 +5,7 @@ run of the same config (the same AllocationTracker on real CPU tensors) within 2
 import json
 
 from launch_helpers import DEBUG_RECIPE, run_script
-from titan_train import cli
+from titan_train.cli import train as cli
 
 GIB = 1024**3
 LAYOUT = ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2",

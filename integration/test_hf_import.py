@@ -122,7 +122,7 @@ def test_cli_import_gives_a_dcp_checkpoint_with_transformers_logits(hf_folder, t
 def first_batch_loss_by_transformers(folder, dp: int) -> float:
     """The mean loss transformers gives the trainer's first global batch (the dp ranks' rows together)."""
     from titan_train.data import build_dataloader
-    from titan_train.tokenizer import load_tokenizer
+    from titan_train.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     rows = [next(iter(build_dataloader(dataset="kjv", dataset_path="", tokenizer=tokenizer, seq_len=SEQ_LEN,
@@ -190,7 +190,7 @@ def test_titan_generate_from_the_transformers_folder_alone(hf_folder, tmp_path):
                "--max-new-tokens", "12"]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from titan_train.tokenizer import load_tokenizer
+    from titan_train.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     prompt = torch.tensor([tokenizer.encode("And God said", eos=False)])

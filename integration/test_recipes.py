@@ -21,7 +21,7 @@ def test_recipe_validates(recipe):
 
 def test_405b_recipe_layout_resolves_at_512_ranks():
     """The 3D recipe's pipeline checks (stages, micro-batches, schedule) pass at its intended world size."""
-    from titan_train.layout import resolve_layout
+    from titan_train.config.parallel_layout import resolve_layout
 
     config = load_config(parse_argv(["--config", str(RECIPES[0].parent / "llama3_405b.toml")]))
     layout = resolve_layout(config, world_size=512)

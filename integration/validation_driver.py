@@ -4,7 +4,7 @@ losses and the validation loss.
     torchrun --nproc_per_node N validation_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
 
 `--emulate-dp W` (one process): the reference for dp = W. Training sees the W ranks' micro-batches
-(parity_driver's emulation); validation is recomputed here, independently of titan_train.validation: the
+(parity_driver's emulation); validation is recomputed here, independently of titan_train.run.validation: the
 plain mean of the per-batch losses of the batches the W data-parallel ranks would evaluate, in lockstep,
 stopping when one of them runs out of full batches.
 """
@@ -16,8 +16,8 @@ import torch
 
 from parity_driver import emulating_trainer
 from titan_train.data import build_dataloader
-from titan_train.distributed import shutdown_distributed
-from titan_train.validation import Validator
+from titan_train.run.distributed import shutdown_distributed
+from titan_train.run.validation import Validator
 
 
 def emulated_validation_loss(validator: Validator, world: int) -> float:

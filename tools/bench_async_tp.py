@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from titan_models import get_model_spec
 from titan_parallel import ParallelDims, apply_tp, device_module, device_type, distributed_backend
-from titan_parallel.async_tp_ops import WAIT_LABEL
+from titan_parallel.tp.async_tp_ops import WAIT_LABEL
 
 WAIT_EVENTS = ("_c10d_functional::wait_tensor", WAIT_LABEL)
 

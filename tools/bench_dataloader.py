@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from titan_models import get_model_spec
+from titan_train.cli.data import main as titan_data
 from titan_train.data import build_dataloader, resolve_dataset
-from titan_train.data_cli import main as titan_data
-from titan_train.tokenizer import load_tokenizer
+from titan_train.data.tokenizer import load_tokenizer
 
 
 def write_corpus(folder: Path, copies: int) -> dict[str, Path]:

@@ -6,7 +6,7 @@ Table 1, the predicted per-GPU peak by local batch size with and without the chu
     python tools/bench_memory.py --vocab 131072 --skip-8b
 
 Part 1 runs for real on this machine (one process, float32; CPU unless CUDA is present). Peak: parameters
-+ the most bytes that the step's ops hold at once (`titan_parallel.live_bytes.LiveBytes`: every allocation
++ the most bytes that the step's ops hold at once (`titan_parallel.ac.live_bytes.LiveBytes`: every allocation
 counted until freed; gradients set to None before the step, as the trainer does), so the numbers are exact
 and device-independent. tokens/s: the best of --repeats steps per variant, variants interleaved.
 "auto" gets the budget halfway between the unchecked and the fully checkpointed step's predicted peaks.
@@ -31,10 +31,10 @@ from titan_models import Llama3Args, get_model_spec
 from titan_models.llama3.model import Llama3
 from titan_models.llama3.plan import llama3_plan
 from titan_parallel import Layout, ParallelDims, build_parallel_model
-from titan_parallel.ac_budget import GIB, StepTrace
-from titan_parallel.chunked_loss import HeadLoss
-from titan_parallel.layout import ActivationCheckpoint
-from titan_parallel.live_bytes import LiveBytes
+from titan_parallel.ac.ac_budget import GIB, StepTrace
+from titan_parallel.ac.live_bytes import LiveBytes
+from titan_parallel.loss.chunked_loss import HeadLoss
+from titan_parallel.model.layout import ActivationCheckpoint
 
 MIB = 2**20
 

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import init_distributed, shutdown_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.trainer import Trainer
 
 
 def local_bytes(t: torch.Tensor | None) -> int:

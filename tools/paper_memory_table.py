@@ -73,7 +73,7 @@ def run_row(name: str, row: dict, out: pathlib.Path) -> None:
 
 def layout_of(row: dict) -> str:
     from titan_train.config import load_config, parse_argv
-    from titan_train.dry_run import resolve_dry_run_layout
+    from titan_train.simulate.dry_run import resolve_dry_run_layout
 
     config = load_config(parse_argv(["--config", str(row["config"])]))
     layout, _ = resolve_dry_run_layout(config, row["world_size"])

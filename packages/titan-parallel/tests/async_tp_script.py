@@ -22,7 +22,7 @@ import pp_toy  # noqa: E402
 from multiprocess import run_cases  # noqa: E402
 
 from titan_parallel import apply_tp, describe_applied  # noqa: E402
-from titan_parallel import async_tp_ops as ops  # noqa: E402
+from titan_parallel.tp import async_tp_ops as ops  # noqa: E402
 
 BATCH, ROWS, IN, OUT = 2, 5, 8, 6  # 5 rows per rank: 2 and 3 chunks are uneven
 

@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the
 import pp_toy  # noqa: E402
 
 from titan_parallel import Layout, ParallelDims, build_parallel_model  # noqa: E402
-from titan_parallel.ac_budget import GIB, StepTrace, choose_ac_policies, ladder  # noqa: E402
-from titan_parallel.activation_checkpoint import BLOCK_POLICIES  # noqa: E402
-from titan_parallel.layout import ActivationCheckpoint  # noqa: E402
-from titan_parallel.live_bytes import LiveBytes  # noqa: E402
+from titan_parallel.ac.ac_budget import GIB, StepTrace, choose_ac_policies, ladder  # noqa: E402
+from titan_parallel.ac.activation_checkpoint import BLOCK_POLICIES  # noqa: E402
+from titan_parallel.ac.live_bytes import LiveBytes  # noqa: E402
+from titan_parallel.model.layout import ActivationCheckpoint  # noqa: E402
 
 SEQUENCES = 128  # x pp_toy.SEQ tokens: activations well above the parameters
 

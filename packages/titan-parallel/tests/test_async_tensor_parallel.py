@@ -21,7 +21,7 @@ from titan_parallel import (  # noqa: E402
     async_tp_plan,
     symmetric_memory_unavailable,
 )
-from titan_parallel.async_tp_ops import chunk_bounds  # noqa: E402
+from titan_parallel.tp.async_tp_ops import chunk_bounds  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent / "async_tp_script.py"
 CASES = [

@@ -11,7 +11,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titan_parallel import apply_tp, sharded_params
-from titan_parallel.channel_parallel import ChannelParallel, local_view
+from titan_parallel.params.stored_params import local_view
+from titan_parallel.tp.channel_parallel import ChannelParallel
 
 
 class PerChannelScale(nn.Module):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_parallel import Layout, ParallelDims, build_parallel_model
-from titan_parallel.live_bytes import LiveBytes
+from titan_parallel.ac.live_bytes import LiveBytes
 
 VOCAB, DIM, BATCH, SEQ = 4096, 32, 2, 256
 

@@ -16,15 +16,15 @@ import pp_toy  # noqa: E402
 from multiprocess import launch  # noqa: E402
 
 from titan_parallel import SCHEDULES  # noqa: E402
-from titan_parallel.pipeline import wrap_stages  # noqa: E402
-from titan_parallel.pipeline_plan import (  # noqa: E402
+from titan_parallel.pp.pipeline import wrap_stages  # noqa: E402
+from titan_parallel.pp.pipeline_plan import (  # noqa: E402
     check_microbatches,
     check_schedule_support,
     resolve_num_stages,
     schedule_class,
     stage_ids_for_rank,
 )
-from titan_parallel.pipeline_split import build_stage_modules, split_blocks  # noqa: E402
+from titan_parallel.pp.pipeline_split import build_stage_modules, split_blocks  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("pp_script.py")
 BLOCKS = [f"layers.{i}" for i in range(8)]

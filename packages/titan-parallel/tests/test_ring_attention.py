@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiprocess.py besi
 from multiprocess import launch  # noqa: E402
 
 from titan_parallel import apply_cp, load_balanced_positions
-from titan_parallel.attention_block import block_backward, block_forward
-from titan_parallel.ring_attention import _merge
+from titan_parallel.cp.attention_block import block_backward, block_forward
+from titan_parallel.cp.ring_attention import _merge
 
 SCRIPT = Path(__file__).with_name("cp_script.py")
 MODEL_CASES = {

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # pp_toy.py beside the
 import pp_toy  # noqa: E402
 
 from titan_parallel import apply_tp  # noqa: E402
-from titan_parallel.pipeline_split import build_stage_modules  # noqa: E402
+from titan_parallel.pp.pipeline_split import build_stage_modules  # noqa: E402
 
 
 def last_stage():

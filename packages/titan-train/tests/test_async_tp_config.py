@@ -3,9 +3,9 @@ which implementation runs where, and the error where the one asked for cannot ru
 
 import pytest
 
-import titan_train.layout as layout_module
+import titan_train.config.parallel_layout as layout_module
 from titan_train.config import ConfigError, load_config, parse_argv
-from titan_train.layout import resolve_layout
+from titan_train.config.parallel_layout import resolve_layout
 
 TP2 = ("--model.flavor", "debug", "--parallelism.tensor_parallel_degree", "2")
 ASYNC = ("--parallelism.enable_async_tensor_parallel", "true")

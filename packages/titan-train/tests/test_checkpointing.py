@@ -8,8 +8,8 @@ import torch
 from titan_checkpoint import complete_steps
 from titan_debug import NonFiniteError
 from titan_train.config import ConfigError, load_config, parse_argv
-from titan_train.distributed import init_distributed
-from titan_train.train import Trainer, train
+from titan_train.run.distributed import init_distributed
+from titan_train.run.trainer import Trainer, train
 
 BASE = [
     "--model.flavor",

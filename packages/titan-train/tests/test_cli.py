@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from titan_train import cli, generate_cli
-from titan_train.command import run_command
+from titan_train.cli import generate as generate_cli
+from titan_train.cli import train as cli
+from titan_train.cli.command import run_command
 
 VERSION = importlib.metadata.version("titan-train")
 
@@ -49,7 +50,7 @@ def test_a_config_mistake_found_during_the_run_exits_2_without_traceback(monkeyp
     def train(config):
         raise ConfigError(message)
 
-    monkeypatch.setattr("titan_train.train.train", train)
+    monkeypatch.setattr("titan_train.run.trainer.train", train)
     assert cli.main(["--training.steps", "1"]) == 2
     assert capsys.readouterr().err == f"titan-train: config error: {message}\n"
 
@@ -60,7 +61,7 @@ def test_a_known_failure_exits_1_with_its_message_only(monkeypatch, capsys):
     def train(config):
         raise NonFiniteError("step 3: loss=nan; the run stops before the update (debug.nan_policy='stop')")
 
-    monkeypatch.setattr("titan_train.train.train", train)
+    monkeypatch.setattr("titan_train.run.trainer.train", train)
     assert cli.main(["--training.steps", "1"]) == 1
     err = capsys.readouterr().err
     assert err == "titan-train: error: step 3: loss=nan; the run stops before the update (debug.nan_policy='stop')\n"
@@ -70,7 +71,7 @@ def test_an_unexpected_failure_exits_1_and_keeps_its_traceback(monkeypatch, caps
     def train(config):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("titan_train.train.train", train)
+    monkeypatch.setattr("titan_train.run.trainer.train", train)
     assert cli.main(["--training.steps", "1"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and err.endswith("titan-train: error: a bug\n")

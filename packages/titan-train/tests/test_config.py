@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from titan_train.cli import main
+from titan_train.cli.train import main
 from titan_train.config import (
     ConfigError,
     JobConfig,
@@ -14,8 +14,8 @@ from titan_train.config import (
     to_toml,
 )
 from titan_train.config.docs import field_docs
+from titan_train.config.parallel_layout import resolve_layout
 from titan_train.config.sections import Training
-from titan_train.layout import resolve_layout
 
 
 def cli(*argv: str) -> JobConfig:

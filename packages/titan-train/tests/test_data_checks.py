@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from titan_train.cli.data import main as titan_data
 from titan_train.config import ConfigError, build_config, validate
-from titan_train.data_cli import main as titan_data
 
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")

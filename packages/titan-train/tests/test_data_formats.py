@@ -8,11 +8,11 @@ from itertools import islice
 import pytest
 import torch
 
+from titan_train.cli.data import main as titan_data
 from titan_train.data import build_dataloader, resolve_dataset
 from titan_train.data.files import LocalFiles
+from titan_train.data.tokenizer import load_tokenizer
 from titan_train.data.tokens import TokenFolder
-from titan_train.data_cli import main as titan_data
-from titan_train.tokenizer import load_tokenizer
 
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")

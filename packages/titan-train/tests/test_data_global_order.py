@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from titan_checkpoint import CheckpointConfig, CheckpointManager, DataParallelState
+from titan_train.cli.data import main as titan_data
 from titan_train.data import build_dataloader
 from titan_train.data.sources import EmbeddedCorpus
-from titan_train.data_cli import main as titan_data
-from titan_train.tokenizer import load_tokenizer
+from titan_train.data.tokenizer import load_tokenizer
 
 GLOBAL_BATCH, SEQ_LEN = 8, 16
 # 3 workers on a 2-core machine: torch suggests fewer, which this test of the round robin cannot take.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from titan_train.data import build_dataloader
-from titan_train.tokenizer import load_tokenizer
+from titan_train.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

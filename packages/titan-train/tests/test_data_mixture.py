@@ -7,13 +7,13 @@ from itertools import islice
 import pytest
 import torch
 
+from titan_train.cli.data import main as titan_data
 from titan_train.config import ConfigError, build_config, validate
 from titan_train.data import PackedTokenDataset, build_dataloader, resolve_dataset
 from titan_train.data.mixture import PERIOD, Mixture, period_counts
 from titan_train.data.order import epoch_documents
 from titan_train.data.sharding import ReaderState
-from titan_train.data_cli import main as titan_data
-from titan_train.tokenizer import load_tokenizer
+from titan_train.data.tokenizer import load_tokenizer
 
 
 class Named:

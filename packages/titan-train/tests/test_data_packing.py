@@ -6,7 +6,7 @@ import torch
 
 from titan_train.data import PackedTokenDataset
 from titan_train.data.sources import EmbeddedCorpus
-from titan_train.tokenizer import load_tokenizer
+from titan_train.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import torch
 
 from titan_train.config import build_config
-from titan_train.documents import document_ids, document_kwargs, document_positions
+from titan_train.data.documents import document_ids, document_kwargs, document_positions
 
 BOS, EOS = 1, 2
 

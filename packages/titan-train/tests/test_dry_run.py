@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from titan_models import get_model_spec
-from titan_train import cli
-from titan_train import train as train_module
-from titan_train.alloc_conf import allocator_setting
+from titan_train.cli import train as cli
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import RunEnv
-from titan_train.fake_runtime import fake_rank
-from titan_train.step_memory import measure_steps
+from titan_train.run import trainer as train_module
+from titan_train.run.distributed import RunEnv
+from titan_train.simulate.alloc_conf import allocator_setting
+from titan_train.simulate.fake_runtime import fake_rank
+from titan_train.simulate.step_memory import measure_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 GIB = 1024**3

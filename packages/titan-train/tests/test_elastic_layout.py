@@ -5,7 +5,7 @@ degree or a global batch that no longer fits is a config error naming the key, t
 import pytest
 
 from titan_train.config import ConfigError, load_config, parse_argv
-from titan_train.layout import resolve_layout
+from titan_train.config.parallel_layout import resolve_layout
 
 
 def config(*argv: str):

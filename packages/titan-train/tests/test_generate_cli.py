@@ -5,8 +5,8 @@ import torch
 
 from titan_models import get_model_spec
 from titan_models.generate import generate
-from titan_train.generate_cli import main, split_argv
-from titan_train.tokenizer import load_tokenizer
+from titan_train.cli.generate import main, split_argv
+from titan_train.data.tokenizer import load_tokenizer
 
 MODEL = ["--model.name", "hyena", "--model.flavor", "tiny", "--training.seq_len", "64"]
 

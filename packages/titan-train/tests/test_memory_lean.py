@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from titan_train.config import ConfigError, load_config, parse_argv
-from titan_train.distributed import init_distributed
-from titan_train.layout import resolve_layout
-from titan_train.train import Trainer
+from titan_train.config.parallel_layout import resolve_layout
+from titan_train.run.distributed import init_distributed
+from titan_train.run.trainer import Trainer
 
 
 def cli(*argv: str):
@@ -55,7 +55,7 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
 
 def test_chunked_loss_and_auto_ac_train_like_the_plain_run(tmp_path, caplog):
     plain = trainer(tmp_path / "plain")
-    with caplog.at_level(logging.INFO, logger="titan_parallel.ac_budget"):
+    with caplog.at_level(logging.INFO, logger="titan_parallel.ac.ac_budget"):
         lean = trainer(tmp_path / "lean", "--training.loss_chunk_tokens", "100", "--activation_checkpoint.mode",
                        "auto", "--activation_checkpoint.memory_budget_gib", "0.015")  # fmt: skip
     chosen = [record.getMessage() for record in caplog.records if "activation checkpointing auto" in record.message]

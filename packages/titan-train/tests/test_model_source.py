@@ -9,8 +9,8 @@ import torch
 from titan_checkpoint import save_seed_checkpoint
 from titan_models import RopeScaling, get_model_spec
 from titan_models.generate import generate
-from titan_train.generate_cli import main
-from titan_train.tokenizer import load_tokenizer
+from titan_train.cli.generate import main
+from titan_train.data.tokenizer import load_tokenizer
 
 
 def trained_elsewhere(name: str, flavor: str, seed: int = 11, **changes) -> torch.nn.Module:

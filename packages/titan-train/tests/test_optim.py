@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from titan_train.config.sections import LRScheduler, Optimizer
-from titan_train.optim import build_lr_scheduler, build_optimizer, lr_factor
+from titan_train.run.optim import build_lr_scheduler, build_optimizer, lr_factor
 
 
 def factors(total, **kw):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from titan_train.config import ConfigError, load_config, parse_argv
-from titan_train.layout import resolve_layout
+from titan_train.config.parallel_layout import resolve_layout
 
 PAPER = Path(__file__).resolve().parents[3] / "configs" / "paper"
 

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from titan_train.cli import main  # noqa: E402
-from titan_train.plot import plot_runs  # noqa: E402
+from titan_train.cli.plot import plot_runs  # noqa: E402
+from titan_train.cli.train import main  # noqa: E402
 
 
 def write_metrics(folder, rows):

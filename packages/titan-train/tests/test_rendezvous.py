@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from titan_train.rendezvous import agree_on_round
+from titan_train.run.rendezvous import agree_on_round
 
 
 def agree(store: dist.Store, world_size: int) -> list[str]:

@@ -3,8 +3,8 @@
 import json
 import logging
 
-from titan_train.resume import last_logged_step, log_resume
-from titan_train.run_record import RunRecord
+from titan_train.run.resume import last_logged_step, log_resume
+from titan_train.run.run_record import RunRecord
 
 
 def write_rows(folder, rows):

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from titan_train import run_record
 from titan_train.config import ConfigError, JobConfig, build_config, load_config, parse_argv, read_toml
-from titan_train.run_record import RunRecord, record_run
-from titan_train.train import train
+from titan_train.run import run_record
+from titan_train.run.run_record import RunRecord, record_run
+from titan_train.run.trainer import train
 
 
 def config(dump, **overrides) -> JobConfig:

@@ -7,7 +7,7 @@ import torch
 
 from titan_models import get_model_spec
 from titan_models.generate import generate
-from titan_train.streaming import stream_tokens, write_stream
+from titan_train.generate.streaming import stream_tokens, write_stream
 
 
 def built(name: str, seed: int = 3) -> torch.nn.Module:

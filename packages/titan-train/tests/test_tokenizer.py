@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from titan_train.tokenizer import Tokenizer, load_tokenizer
+from titan_train.data.tokenizer import Tokenizer, load_tokenizer
 
 TEXT = "In the beginning God created the heaven and the earth.\nHello, world! 42 xyzzy\t{ok}"
 

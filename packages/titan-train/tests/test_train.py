@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from titan_train.config import load_config, parse_argv
-from titan_train.distributed import init_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed
+from titan_train.run.trainer import Trainer
 
 
 def trainer(tmp_path, *overrides: str) -> Trainer:

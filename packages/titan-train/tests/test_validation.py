@@ -10,8 +10,8 @@ import torch
 
 from titan_train.config import ConfigError, build_config, load_config, parse_argv, validate
 from titan_train.data.sources import HELD_OUT_BOOKS, resolve_dataset
-from titan_train.distributed import init_distributed
-from titan_train.train import Trainer
+from titan_train.run.distributed import init_distributed
+from titan_train.run.trainer import Trainer
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "2"]
 
@@ -54,7 +54,7 @@ def test_validation_loss_is_the_mean_over_the_batches(tmp_path):
     """Reference: the plain model's loss on each batch of the held-out split, in order, averaged."""
     t = trainer(tmp_path, "--validation.enable", "true", "--validation.steps", "-1")
     from titan_train.data import build_dataloader
-    from titan_train.validation import Validator
+    from titan_train.run.validation import Validator
 
     validator = Validator(t.config, t.parallel_model, t.tokenizer, torch.device("cpu"))
     rng = torch.get_rng_state()

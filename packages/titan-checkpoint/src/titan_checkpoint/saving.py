@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ def checkpoint_meta(
         "layout": normalize_fingerprint(layout),
         **({} if model is None else {"model": normalize_fingerprint(model)}),
         "torch_version": torch.__version__,
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

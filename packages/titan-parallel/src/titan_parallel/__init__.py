@@ -18,29 +18,25 @@
   `build_pipeline` -> `Pipeline.step`.
 """
 
-from titan_parallel.activation_checkpoint import apply_ac
-from titan_parallel.applied_layout import describe_applied, format_applied
-from titan_parallel.async_tensor_parallel import IMPLEMENTATIONS as ASYNC_TP_IMPLEMENTATIONS
-from titan_parallel.async_tensor_parallel import (
-    AsyncColwiseParallel,
-    AsyncRowwiseParallel,
-    async_tp_plan,
-    symmetric_memory_unavailable,
-)
-from titan_parallel.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
-from titan_parallel.channel_parallel import ChannelParallel
-from titan_parallel.clip_grad import clip_grad_norm_
-from titan_parallel.compile import apply_compile
-from titan_parallel.context_parallel import (
+from titan_parallel.ac.activation_checkpoint import apply_ac
+from titan_parallel.cp.context_parallel import (
     RingAttention,
     apply_cp,
     load_balanced_positions,
     shard_sequence,
     unshard_sequence,
 )
-from titan_parallel.data_parallel import apply_ddp, apply_fsdp
-from titan_parallel.device import device_module, device_type, distributed_backend
-from titan_parallel.layout import (
+from titan_parallel.cp.ring_attention import ring_attention
+from titan_parallel.fsdp.data_parallel import apply_ddp, apply_fsdp
+from titan_parallel.fsdp.simple_fsdp import MODES as SIMPLE_FSDP_MODES
+from titan_parallel.fsdp.simple_fsdp import apply_simple_fsdp
+from titan_parallel.fsdp.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
+from titan_parallel.mesh.device import device_module, device_type, distributed_backend
+from titan_parallel.mesh.parallel_dims import ParallelDims
+from titan_parallel.model.applied_layout import describe_applied, format_applied
+from titan_parallel.model.clip_grad import clip_grad_norm_
+from titan_parallel.model.compile import apply_compile
+from titan_parallel.model.layout import (
     ACGranularity,
     ActivationCheckpoint,
     ContextParallel,
@@ -48,16 +44,20 @@ from titan_parallel.layout import (
     Layout,
     SimpleFSDPOptions,
 )
-from titan_parallel.parallel_dims import ParallelDims
-from titan_parallel.parallel_model import ModelConverter, ParallelModel, build_parallel_model
-from titan_parallel.pipeline import Pipeline, build_pipeline
-from titan_parallel.pipeline_plan import SCHEDULES, PipelinePlan, plan_pipeline
-from titan_parallel.ring_attention import ring_attention
-from titan_parallel.simple_fsdp import MODES as SIMPLE_FSDP_MODES
-from titan_parallel.simple_fsdp import apply_simple_fsdp
-from titan_parallel.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
-from titan_parallel.stored_params import sharded_params
-from titan_parallel.tensor_parallel import apply_tp, check_tp_degree, loss_context
+from titan_parallel.model.parallel_model import ModelConverter, ParallelModel, build_parallel_model
+from titan_parallel.params.stored_params import sharded_params
+from titan_parallel.pp.pipeline import Pipeline, build_pipeline
+from titan_parallel.pp.pipeline_plan import SCHEDULES, PipelinePlan, plan_pipeline
+from titan_parallel.tp.async_tensor_parallel import IMPLEMENTATIONS as ASYNC_TP_IMPLEMENTATIONS
+from titan_parallel.tp.async_tensor_parallel import (
+    AsyncColwiseParallel,
+    AsyncRowwiseParallel,
+    async_tp_plan,
+    symmetric_memory_unavailable,
+)
+from titan_parallel.tp.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
+from titan_parallel.tp.channel_parallel import ChannelParallel
+from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
 __version__ = "0.15.0"
 

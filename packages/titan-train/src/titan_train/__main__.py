@@ -1,5 +1,5 @@
 import sys
 
-from titan_train.cli import main
+from titan_train.cli.train import main
 
 sys.exit(main())

@@ -6,17 +6,12 @@ model or data exists.
 
 import dataclasses
 import difflib
-import sys
+import tomllib
 import types
 import typing
 from pathlib import Path
 
 from titan_train.config.sections import JobConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 class ConfigError(ValueError):

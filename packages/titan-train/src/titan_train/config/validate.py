@@ -135,8 +135,8 @@ def _validate_inputs(config: JobConfig) -> None:
 
 
 def _validate_documents_and_validation(config: JobConfig) -> None:
-    from titan_train.documents import check_document_masking
-    from titan_train.validation import check_validation
+    from titan_train.data.documents import check_document_masking
+    from titan_train.run.validation import check_validation
 
     check_document_masking(config)
     check_validation(config)

@@ -61,7 +61,7 @@ def _first_document_of(path: Path, text_field: str, where: str) -> bool:
 
 def tokenizer_fingerprint(tokenizer_path: str) -> tuple[str, int]:
     """(sha256 of the tokenizer.json, vocabulary size) of `model.tokenizer_path` ("" : the embedded one)."""
-    from titan_train.tokenizer import load_tokenizer
+    from titan_train.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path or None)
     return file_sha256(tokenizer.path), tokenizer.vocab_size

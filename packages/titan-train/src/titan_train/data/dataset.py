@@ -25,7 +25,7 @@ from torchdata.stateful_dataloader import Stateful
 from titan_train.data.order import epoch_documents
 from titan_train.data.sharding import ReaderState, Stripe, covers, live_stripes, reader_shard, resharded_state
 from titan_train.data.sources import DocumentSource
-from titan_train.tokenizer import Tokenizer
+from titan_train.data.tokenizer import Tokenizer
 
 # Documents are tokenized lazily in chunks (one encode_batch call each) that grow from the first to the
 # last size: the first batch comes quickly, later chunks keep the tokenizer's threads busy.

@@ -38,7 +38,7 @@ from torchdata.stateful_dataloader import Stateful
 from titan_train.data.order import epoch_documents
 from titan_train.data.sources import DocumentSource
 from titan_train.data.token_queue import TokenQueue
-from titan_train.tokenizer import Tokenizer
+from titan_train.data.tokenizer import Tokenizer
 
 logger = logging.getLogger("titan")
 

@@ -22,7 +22,7 @@ from titan_train.data.dataset import PackedTokenDataset
 from titan_train.data.global_order import ORDER, GlobalOrderDataset, check_order, resharded_state
 from titan_train.data.sharding import ReaderState, reader_shard
 from titan_train.data.sources import resolve_dataset
-from titan_train.tokenizer import Tokenizer
+from titan_train.data.tokenizer import Tokenizer
 
 
 def build_dataloader(

@@ -1,0 +1,166 @@
+"""Context parallelism: the sequence split over the cp ranks, and the model's attention modules swapped for
+ring attention.
+
+Causal attention gives late tokens more work than early ones, so a plain split would leave the last rank
+with most of it. The sequence is cut into 2*cp chunks and rank i holds chunks i and 2*cp-1-i (one early, one
+late): every rank does the same work. Tokens, labels and positions are sharded alike; RoPE follows the
+global positions (`load_balanced_positions`). Every rank holds the same number of tokens, so the mean of the
+ranks' mean losses is the loss of the whole sequence.
+
+    apply_cp(model, cp_mesh, ["layers.*.attention.inner_attention"])        # once, at build time
+    positions = load_balanced_positions(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), device)
+    tokens, labels = shard_sequence([tokens, labels], cp_mesh)               # every batch
+    loss = loss_fn(model(tokens, positions), labels)
+    loss.backward()
+
+The swap is explicit and local to the model: no process-wide patch of `F.scaled_dot_product_attention`, so
+a model calling attention any other way is not silently left with local attention: `apply_cp` refuses a
+model whose plan names no attention module."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from titan_parallel.cp.ring_attention import VARIANTS, ring_attention_by_name
+from titan_parallel.cp.ring_comm import cp_group
+
+IMPLEMENTATIONS = ("titan", "torch")
+
+
+def load_balanced_positions(seq_len: int, cp: int, rank: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Global positions of the tokens rank `rank` of `cp` holds, in local order: chunks rank and
+    2*cp-1-rank of 2*cp equal chunks."""
+    if seq_len % (2 * cp):
+        valid = ", ".join(str(2 * cp * m) for m in range(max(1, seq_len // (2 * cp)), seq_len // (2 * cp) + 3))
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by 2 x context_parallel_degree = {2 * cp} (each rank "
+            f"holds two equal chunks for causal load balancing); use a multiple of {2 * cp}, e.g. {valid}"
+        )
+    chunk = seq_len // (2 * cp)
+    first = torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
+    return torch.cat([first, first + (2 * cp - 1 - 2 * rank) * chunk])
+
+
+def shard_sequence(
+    tensors: Sequence[torch.Tensor], cp_mesh: DeviceMesh | dist.ProcessGroup, seq_dim: int = 1
+) -> list[torch.Tensor]:
+    """This rank's load-balanced shard of each tensor along `seq_dim` (e.g. tokens and labels [B, S])."""
+    group = cp_group(cp_mesh)
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    shards = []
+    for tensor in tensors:
+        index = load_balanced_positions(tensor.shape[seq_dim], cp, rank, tensor.device)
+        shards.append(tensor.index_select(seq_dim, index))
+    return shards
+
+
+def unshard_sequence(tensor: torch.Tensor, cp_mesh: DeviceMesh | dist.ProcessGroup, seq_dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's shard, in global order (a collective; not differentiable)."""
+    group = cp_group(cp_mesh)
+    cp = dist.get_world_size(group)
+    shards = [torch.empty_like(tensor) for _ in range(cp)]
+    dist.all_gather(shards, tensor.contiguous(), group=group)
+    chunks = [None] * (2 * cp)
+    for rank, shard in enumerate(shards):
+        chunks[rank], chunks[2 * cp - 1 - rank] = shard.chunk(2, dim=seq_dim)
+    return torch.cat(chunks, dim=seq_dim)
+
+
+class RingAttention(nn.Module):
+    """Drop-in for an attention-kernel module (forward(q, k, v) -> out, [B, H, S_local, D], SDPA's layout) on
+    a sequence sharded by `shard_sequence`: ring attention over the context-parallel group."""
+
+    def __init__(self, cp_mesh: DeviceMesh | dist.ProcessGroup, *, is_causal: bool, variant: str, kernel: str):
+        super().__init__()
+        group = cp_group(cp_mesh)
+        # Plain values, resolved here outside any compiled region: the op takes the group by name.
+        self.group_name, self.cp = group.group_name, dist.get_world_size(group)
+        self.is_causal, self.variant, self.kernel = is_causal, variant, kernel
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """document_ids: this rank's shard [B, S_local] of each token's document (block-causal attention)."""
+        return ring_attention_by_name(
+            q, k, v, self.group_name, self.cp, self.is_causal, None, self.variant, self.kernel, document_ids
+        )
+
+    def extra_repr(self) -> str:
+        return f"cp={self.cp}, is_causal={self.is_causal}, variant={self.variant!r}"
+
+
+def apply_cp(
+    model: nn.Module,
+    cp_mesh: DeviceMesh | dist.ProcessGroup,
+    attention_fqns: list[str],
+    *,
+    variant: str = "p2p",
+    implementation: str = "titan",
+    kernel: str = "auto",
+) -> list[str]:
+    """Swap the modules matching `attention_fqns` (patterns, "*" matches one name; e.g.
+    "layers.*.attention.inner_attention") for context-parallel attention over `cp_mesh`. In place; returns
+    the FQNs swapped. Each must compute attention from (q, k, v) alone; its `is_causal` attribute (default
+    True) is kept. The model is then fed `shard_sequence`'d inputs, and its positions (RoPE) must follow
+    `load_balanced_positions`.
+
+    `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
+    attention, any device) or "torch" (torch's experimental context parallelism, CUDA only: its sharding
+    order is the same head-tail one). `kernel`: per-block kernel of the titan ring, see `ring_attention`.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+    if implementation == "torch":
+        _check_torch_cp(cp_mesh)
+    swapped = []
+    for fqn, module in list(model.named_modules()):
+        if not any(_matches(pattern, fqn) for pattern in attention_fqns):
+            continue
+        is_causal = getattr(module, "is_causal", True)
+        if implementation == "torch":
+            _apply_torch_cp(module, cp_mesh, variant)
+        else:
+            parent, _, name = fqn.rpartition(".")
+            ring = RingAttention(cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel)
+            setattr(model.get_submodule(parent), name, ring)
+        swapped.append(fqn)
+    if not swapped and attention_fqns:
+        raise ValueError(f"attention_fqns={attention_fqns} match no module of {type(model).__name__}")
+    return swapped
+
+
+def _matches(pattern: str, fqn: str) -> bool:
+    parts, names = pattern.split("."), fqn.split(".")
+    return len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names, strict=True))
+
+
+def _check_torch_cp(cp_mesh) -> None:
+    if not isinstance(cp_mesh, DeviceMesh) or cp_mesh.device_type != "cuda":
+        kind = cp_mesh.device_type if isinstance(cp_mesh, DeviceMesh) else type(cp_mesh).__name__
+        raise ValueError(
+            f"implementation='torch' needs a CUDA DeviceMesh (torch's context parallelism has no CPU attention "
+            f"strategy), got {kind}; use implementation='titan'"
+        )
+
+
+def _apply_torch_cp(module: nn.Module, cp_mesh: DeviceMesh, variant: str) -> None:
+    # torch's SDPA style (as TorchTitan applies it to inner_attention): the module's q/k/v become DTensors
+    # sharded on the sequence, dispatched to torch's ring; our shards already use its head-tail order.
+    from torch.distributed.tensor.experimental._context_parallel import (
+        _ContextParallel,
+        _enable_context_parallel_dispatcher,
+        set_rotate_method,
+    )
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    set_rotate_method("alltoall" if variant == "p2p" else "allgather")
+    _enable_context_parallel_dispatcher()
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    parallelize_module(module, cp_mesh, style)

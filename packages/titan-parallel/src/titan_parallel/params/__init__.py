@@ -1,0 +1,1 @@
+"""Parameters read through a property, shared by SimpleFSDP and ChannelParallel."""

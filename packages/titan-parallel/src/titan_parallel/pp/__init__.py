@@ -1,0 +1,1 @@
+"""Pipeline parallelism: the plan (every check, no process group), the split into stages, and the schedule."""

@@ -1,0 +1,178 @@
+"""Pipeline parallelism, the build: this rank's stage modules, each parallelized, and the schedule that runs
+them (over torch.distributed.pipelining). The plan and all its checks are in pipeline_plan.py.
+
+    plan = plan_pipeline(schedule, pp_degree, model_plan.block_fqns, local_batch_size)   # no process group
+    pipeline = build_pipeline(meta_model, plan, pp_mesh, device, loss_fn, input_fqns=..., output_fqns=...,
+                              parallelize_stage=lambda part: ...)  # TP -> AC -> compile -> FSDP, materialize
+    loss = pipeline.step(inputs, labels, scale=1 / accumulation_steps)     # on every pipeline rank
+
+Loss scaling: torch calls `loss_fn` once per microbatch and backpropagates each result as is; with its
+default `scale_grads=True` it then divides *all* gradients by n_microbatches, which would also shrink
+gradients accumulated by earlier steps (gradient accumulation). So, as TorchTitan does, the schedule gets
+`scale_grads=False` and a loss divided by n_microbatches: the microbatch losses then sum to the mean over
+the local batch (for a mean-reduced loss on equal-sized microbatches) and gradients are those of the
+plain model, accumulating across steps.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+from torch.distributed.tensor import DTensor
+
+from titan_parallel.pp.pipeline_plan import SCHEDULES, PipelinePlan, check_schedule_support, schedule_name
+from titan_parallel.pp.pipeline_split import build_stage_modules
+
+
+def build_pipeline(
+    model: nn.Module,
+    plan: PipelinePlan,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    input_fqns: list[str],
+    output_fqns: list[str],
+    parallelize_stage: Callable[[nn.Module], nn.Module | None],
+) -> "Pipeline":
+    """This rank's stages of `model` (normally on the meta device), each passed through `parallelize_stage`
+    (which applies the other parallelisms and materializes it), under `plan`'s schedule.
+
+    A stage is a copy of `model` without the blocks and input/output modules it does not own, so its
+    parameter names (and checkpoint keys) are the plain model's. `loss_fn(output, target)` is the plain
+    model's loss, a mean over one microbatch.
+    """
+    stage_ids = plan.stage_ids(pp_mesh.get_local_rank())
+    parts = build_stage_modules(model, plan.stage_blocks, stage_ids, input_fqns, output_fqns)
+    for part in parts:
+        parallelize_stage(part)
+    return wrap_stages(
+        parts, stage_ids, plan.num_stages, pp_mesh.get_group(), device, plan.schedule, plan.n_microbatches, loss_fn
+    )
+
+
+class _ScaledLoss:
+    """loss_fn(output, target) * scale, the scale set per step: 1 / n_microbatches x the caller's scale."""
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor]):
+        self.loss_fn, self.scale = loss_fn, 1.0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, target) * self.scale
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages and the schedule that runs them."""
+
+    schedule: object
+    stages: list[PipelineStage]
+    group: dist.ProcessGroup
+    n_microbatches: int
+    last_stage_rank: int
+    """Rank in `group` that holds the last stage, where the loss is computed."""
+    loss_fn: _ScaledLoss
+
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        """The stage modules, in the order of `stages` (one optimizer / checkpoint entry each)."""
+        return [stage.submod for stage in self.stages]
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for part in self.model_parts:
+            yield from part.parameters()
+
+    def gather(self, value: float) -> list[float]:
+        """`value` from every pipeline rank, in rank order: e.g. each stage's peak memory for one log line.
+        A collective: every pipeline rank calls it."""
+        mine = torch.tensor([float(value)], device=self.stages[0].device)
+        values = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(values, mine, group=self.group)
+        return [v.item() for v in values]
+
+    @property
+    def has_first_stage(self) -> bool:
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def has_last_stage(self) -> bool:
+        return any(stage.is_last for stage in self.stages)
+
+    def step(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        scale: float = 1.0,
+        kwargs: dict[str, torch.Tensor] | None = None,
+        *,
+        forward_only: bool = False,
+    ) -> torch.Tensor:
+        """Forward and backward of one local batch: the loss x `scale` (e.g. 1 / accumulation steps), detached.
+        `kwargs`: per-token keyword arguments [B, S] for every stage, split into micro-batches like the inputs.
+        `forward_only`: the schedule's forward-only pass (evaluation; call under no_grad), no gradients.
+
+        Every pipeline rank passes its batch (only the first stage reads `inputs`, only the last `labels`)
+        and gets the loss back: it is broadcast from the last stage, so every rank can log it and stop
+        alike on a non-finite value. Gradients accumulate into `.grad` as with `loss.backward()`.
+        """
+        self.loss_fn.scale = scale / self.n_microbatches
+        args = (inputs,) if self.has_first_stage else ()
+        target = labels if self.has_last_stage else None
+        losses: list[torch.Tensor] = []
+        run = self.schedule.eval if forward_only else self.schedule.step
+        run(*args, target=target, losses=losses, return_outputs=False, **(kwargs or {}))
+        device = self.stages[0].device
+        if self.has_last_stage:
+            loss = sum(loss.detach() for loss in losses)
+            if isinstance(loss, DTensor):  # loss parallel: the same value on every tensor-parallel rank
+                loss = loss.full_tensor()
+            loss = loss.float()
+        else:
+            loss = torch.empty((), dtype=torch.float32, device=device)
+        dist.broadcast(loss, group=self.group, group_src=self.last_stage_rank)
+        return loss
+
+
+def wrap_stages(
+    model_parts: list[nn.Module],
+    stage_ids: list[int] | tuple[int, ...],
+    num_stages: int,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    schedule: str,
+    n_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Pipeline:
+    """Wrap this rank's stage modules (already parallelized and materialized) and build the schedule: the
+    lower-level half of `build_pipeline`, for callers that build the stage modules themselves.
+
+    `loss_fn(output, target)` is the plain model's loss, a mean over one microbatch; the pipeline scales
+    it (see the module docstring). `group` is the pipeline process group (`mesh["pp"].get_group()`).
+    """
+    name = schedule_name(schedule)
+    if len(model_parts) != len(stage_ids):
+        raise ValueError(f"{len(model_parts)} model parts for {len(stage_ids)} stage ids; need one each")
+    # torch refuses torch.compile'd stages for zero-bubble schedules (OptimizedModule), but not in-place
+    # compiled blocks, which then fail mid-step.
+    check_schedule_support(
+        name, compiled=any(getattr(m, "_compiled_call_impl", None) for p in model_parts for m in p.modules())
+    )
+    cls = get_schedule_class(name)
+    single = issubclass(cls, PipelineScheduleSingle)
+    if single and len(model_parts) != 1:
+        raise ValueError(f"schedule={name!r} runs one stage per rank, got {len(stage_ids)}")
+    stages = [
+        PipelineStage(part, stage_id, num_stages, device, group=group)
+        for part, stage_id in zip(model_parts, stage_ids, strict=True)
+    ]
+    scaled = _ScaledLoss(loss_fn)
+    runs = stages[0] if single else stages
+    pipeline_schedule = cls(runs, n_microbatches=n_microbatches, loss_fn=scaled, scale_grads=False)
+    pp_degree = dist.get_world_size(group)
+    last_rank = 0 if SCHEDULES[name] == "v" else (num_stages - 1) % pp_degree
+    return Pipeline(pipeline_schedule, stages, group, n_microbatches, last_rank, scaled)

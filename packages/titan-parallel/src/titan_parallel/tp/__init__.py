@@ -1,0 +1,1 @@
+"""Tensor and sequence parallelism: styles from a plan, loss parallel, async TP and its chunked ops, ChannelParallel."""

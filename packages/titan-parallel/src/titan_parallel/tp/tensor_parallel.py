@@ -1,0 +1,76 @@
+"""Tensor + sequence parallelism from a model's plan, and the loss on vocab-sharded logits.
+
+A plan maps FQN patterns to torch ParallelStyles or to declared styles: plain data that a model package
+writes without importing titan-parallel (titan-models may import torch only), recognized by duck typing:
+
+    an object with parallel_style == "channel_shard" and `sharded` (a tuple of parameter/buffer names)
+        -> ChannelParallel(sharded)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard)
+"""
+
+import contextlib
+import math
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
+
+from titan_parallel.tp.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
+from titan_parallel.tp.channel_parallel import ChannelParallel
+
+
+def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
+    """Raise ValueError unless `tp` divides every size in `divisible` ({"model.n_heads": 16, ...})."""
+    for name, size in divisible.items():
+        if size % tp:
+            common = math.gcd(*divisible.values())
+            options = [d for d in range(1, common + 1) if common % d == 0]
+            listed = ", ".join(str(d) for d in options[:-1]) + (" or " if len(options) > 1 else "") + str(options[-1])
+            raise ValueError(f"parallelism.tensor_parallel_degree={tp} does not divide {name}={size}; use {listed}")
+
+
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_tp: str | None = None) -> nn.Module:
+    """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
+
+    Values are ParallelStyles or declared styles (module docstring). Entries naming a module set to None (a
+    pipeline stage without the embedding or the output) are left out: the whole model's plan serves each
+    stage, without torch warning about every missing module. `async_tp`: None, "titan" (micro-pipelined
+    styles) or "symmetric_memory" (inductor's pass over the plain styles); see async_tensor_parallel.py.
+    """
+    present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _set_to_none(model, fqn)}
+    if async_tp == "titan":
+        present = async_tp_plan(present, model=model)  # model: to log the layers that stay plain
+    elif async_tp == "symmetric_memory":
+        enable_symmetric_memory_async_tp()
+    elif async_tp is not None:
+        raise ValueError(f"async_tp={async_tp!r}; use None, 'titan' or 'symmetric_memory'")
+    return parallelize_module(model, mesh, present)
+
+
+def _as_parallel_style(fqn: str, entry: object) -> ParallelStyle:
+    """The ParallelStyle a plan entry stands for: itself, or the style a declared style names."""
+    if isinstance(entry, ParallelStyle):
+        return entry
+    # A tuple, not any iterable: a lone string would shard one-letter names.
+    if getattr(entry, "parallel_style", None) == "channel_shard" and isinstance(getattr(entry, "sharded", None), tuple):
+        return ChannelParallel(entry.sharded)
+    raise TypeError(
+        f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
+        "style; use a ParallelStyle, or an object with parallel_style='channel_shard' and `sharded`, a tuple of "
+        "parameter/buffer names"
+    )
+
+
+def _set_to_none(model: nn.Module, fqn: str) -> bool:
+    parent, _, name = fqn.rpartition(".")
+    if "*" in fqn:
+        return False
+    try:
+        owner = model.get_submodule(parent)
+    except AttributeError:
+        return False
+    return name in owner._modules and owner._modules[name] is None
+
+
+def loss_context(enabled: bool):
+    """Where the loss and its backward run: `loss_parallel()` when the output layer leaves logits sharded."""
+    return loss_parallel() if enabled else contextlib.nullcontext()

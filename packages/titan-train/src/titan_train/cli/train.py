@@ -1,0 +1,78 @@
+"""`titan-train` and `python -m titan_train`: parse, validate, then train (or `titan-train plot DUMP...`).
+
+Exit codes and error messages follow command.py: 0 done, 2 a usage or config mistake, 1 the run failed.
+"""
+
+import logging
+import os
+import sys
+
+from titan_train.cli.command import EXIT_OK, run_command, version_line
+from titan_train.config import ConfigError, help_text, load_config, parse_argv, to_toml
+
+PROG = "titan-train"
+
+
+def _setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    # TITAN_LOG_LEVEL=DEBUG also prints, per rank, what was applied to the model (describe_applied).
+    default = "INFO" if rank == 0 else "WARNING"
+    logging.basicConfig(
+        level=os.environ.get("TITAN_LOG_LEVEL", default).upper(),
+        format=f"[titan rank{rank}] %(asctime)s %(message)s"
+        if "RANK" in os.environ
+        else "[titan] %(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
+
+
+def _train(argv: list[str]) -> int:
+    cmd = parse_argv(argv)
+    if cmd.help:
+        print(help_text())
+        return EXIT_OK
+    if cmd.version:
+        print(version_line(PROG, "titan-train"))
+        return EXIT_OK
+    config = load_config(cmd)
+    if cmd.print_config:
+        print(to_toml(config))
+        return EXIT_OK
+    from titan_train.config.parallel_layout import resolve_layout
+    from titan_train.run.distributed import world_size_from_env
+
+    if cmd.world_size is not None and not cmd.dry_run:
+        raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
+    if cmd.every_pipeline_rank and not cmd.dry_run:
+        raise ConfigError("command line: --every-pipeline-rank is for --dry-run")
+    world_size = cmd.world_size if cmd.world_size is not None else world_size_from_env()
+    if cmd.dry_run:
+        from titan_train.simulate.dry_run import dry_run, resolve_dry_run_layout
+
+        # A config refused only for torch.compile is still simulated (eager); dry_run reports the refusal.
+        layout, _ = resolve_dry_run_layout(config, world_size)
+        print(to_toml(config))
+        print(f"# layout: {layout.describe()}")
+        dry_run(config, world_size, cmd.device_memory_gib, cmd.every_pipeline_rank)
+        return EXIT_OK
+    resolve_layout(config, world_size)
+    from titan_train.run.trainer import train
+
+    train(config)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _setup_logging()
+    if argv[:1] == ["plot"]:
+        from titan_train.cli.plot import main as plot_main
+
+        return run_command(f"{PROG} plot", lambda: plot_main(argv[1:]))
+    return run_command(PROG, lambda: _train(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

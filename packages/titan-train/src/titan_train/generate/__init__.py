@@ -1,0 +1,1 @@
+"""Generation: a model and tokenizer from a checkpoint, and tokens streamed as they are generated."""

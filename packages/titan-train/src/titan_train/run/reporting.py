@@ -1,0 +1,90 @@
+"""What a run reports: the model summary at the start, then per step throughput, FLOPs, memory and the
+optimizer figures, on the console (with the time left), in `<dump_folder>/metrics.jsonl` (each row with the
+run id and restart counter of run_record.py), TensorBoard and Weights & Biases.
+
+Collectives run on every step on every rank, before any decision about logging: a log line guarded by
+rank or by step never decides whether a rank joins a collective (with pipelining the per-stage figures are
+gathered over the pipeline group, and a rank that skipped the gather would hang the others).
+"""
+
+import logging
+
+from titan_debug import MetricsLogger, Throughput, WandbWriter, memory_stats, mfu, peak_flops, tflops
+from titan_parallel import ParallelModel
+from titan_train.config import JobConfig, to_dict
+from titan_train.run.run_record import RunRecord
+
+logger = logging.getLogger("titan")
+
+
+class StepReporter:
+    def __init__(
+        self, config: JobConfig, model: ParallelModel, throughput: Throughput, *, rank: int, world_size: int,
+        device, flops_per_token: float, run: RunRecord | None = None,
+    ):  # fmt: skip
+        self.config, self.model, self.device, self.world_size = config, model, device, world_size
+        self.throughput = throughput
+        t = config.training
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops(device, model.layout.param_dtype)
+        layout = model.layout
+        # Tokens per device per step: ranks sharing a data-parallel rank's tokens (tp, cp, pp) split its work.
+        tokens = t.local_batch_size * t.seq_len * layout.accumulation_steps
+        self.tokens_per_step = tokens * layout.dims.dp / world_size
+        tb_dir = f"{config.job.dump_folder}/tb/{config.job.name}" if config.metrics.enable_tensorboard else None
+        self.metrics = MetricsLogger(
+            config.job.dump_folder, rank=rank, log_ranks=config.metrics.ranks, total_steps=t.steps,
+            tensorboard_dir=tb_dir, run_fields=run.fields() if run is not None else None,
+            writers=[_wandb_writer(config, run)] if config.metrics.enable_wandb and rank == 0 else [],
+        )  # fmt: skip
+
+    def log_model(self) -> None:
+        """The parameter count (per pipeline rank and in all) and the layout."""
+        cfg, layout = self.config, self.model.layout
+        per_rank = self.model.gather_over_stages(sum(p.numel() for p in self.model.parameters()))
+        if layout.pipeline is not None:
+            stages = "; ".join(f"{i}: {' '.join(blocks)}" for i, blocks in enumerate(layout.pipeline.stage_blocks))
+            per_rank_text = ", ".join(f"{int(n):,}" for n in per_rank)
+            logger.info(f"pipeline stages: {stages}; parameters per pipeline rank: {per_rank_text}")
+        logger.info(
+            f"model {cfg.model.name}/{cfg.model.flavor}: {int(sum(per_rank)):,} parameters; "
+            f"layout {layout.describe()}; device {self.device}; {cfg.training.steps} steps"
+        )
+
+    def step(self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None) -> None:
+        """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
+        such a step is always logged."""
+        self.throughput.add_tokens(self.tokens_per_step)
+        memory = memory_stats(self.device)["peak_gib"]
+        # Every step, on every rank: stages differ in memory (the first holds the most activations).
+        memory_per_stage = self.model.gather_over_stages(memory)
+        t = self.config.training
+        if not (validation or step == 1 or step % self.config.metrics.log_freq == 0 or step == t.steps):
+            return
+        window = self.throughput.lap()
+        record = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tps": window.tokens_per_second,
+            "tps_total": window.tokens_per_second * self.world_size,
+            "tflops": tflops(window.tokens_per_second, self.flops_per_token),
+            "mfu": mfu(window.tokens_per_second, self.flops_per_token, self.peak_flops),
+            "memory": memory,
+            "data_time_frac": window.data_time_frac,
+            **(validation or {}),
+        }
+        if self.model.layout.pipeline is not None:
+            record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(memory_per_stage)}
+        self.metrics.log(step, record)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+def _wandb_writer(config: JobConfig, run: RunRecord | None):
+    m = config.metrics
+    return WandbWriter(
+        config.job.dump_folder, project=m.wandb_project, name=config.job.name,
+        run_id=run.run_id if run is not None else None, config=to_dict(config), mode=m.wandb_mode,
+    )  # fmt: skip

@@ -1,0 +1,256 @@
+"""One training run, in the order of design/architecture.md. The config arrives validated.
+
+How the model is parallelized is decided once (`resolve_layout`) and owned by the `ParallelModel`; this loop
+reads the same whatever the layout.
+"""
+
+import dataclasses
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from titan_debug import (
+    MemorySnapshotter,
+    Profiler,
+    Throughput,
+    check_finite,
+    dump_on_comm_error,
+    seed_everything,
+    set_collective_timeout,
+)
+from titan_debug.flight_recorder import is_comm_error
+from titan_float8 import Float8Converter
+from titan_models import get_model_spec
+from titan_parallel import build_parallel_model, format_applied
+from titan_train.config import ConfigError, JobConfig
+from titan_train.config.parallel_layout import resolve_layout
+from titan_train.data import build_dataloader
+from titan_train.data.documents import document_kwargs
+from titan_train.data.tokenizer import load_tokenizer
+from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
+from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
+from titan_train.run.optim import LRSchedulers, Optimizers
+from titan_train.run.reporting import StepReporter
+from titan_train.run.resume import log_resume
+from titan_train.run.run_record import RunRecord, record_run
+from titan_train.run.validation import Validator
+
+logger = logging.getLogger("titan")
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class Trainer:
+    """Builds everything a run needs from the config; `step()` runs one optimizer step."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        env: RunEnv,
+        run: RunRecord | None = None,
+        *,
+        synthetic_data: bool = False,
+        optimizer_device_type: str | None = None,
+    ):
+        """`synthetic_data` (the dry run): no tokenizer and no dataloader; batches of random token ids below the
+        flavor's vocabulary. `optimizer_device_type`: the device the optimizer implementation is chosen for
+        (default env.device's), e.g. "cuda" when a CPU dry run models a GPU run."""
+        self.config, self.env, self.run = config, env, run
+        t = config.training
+        self.layout = resolve_layout(config, env.world_size)
+        self.dims = self.layout.dims
+        self.dims.build_mesh(env.device.type)
+        # Same seed on every rank but pipeline stages: DTensor random ops need it the same across dp/tp/cp.
+        seed_everything(t.seed, rank_offset=self.dims.local_rank("pp"), deterministic=t.deterministic)
+        self.tokenizer = None if synthetic_data else load_tokenizer(config.model.tokenizer_path or None)
+        self.spec = get_model_spec(config.model.name)
+        self.model_args = self._model_args(self.tokenizer.vocab_size if self.tokenizer else 0)
+        self.parallel_model = build_parallel_model(
+            lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
+            env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
+            token_kwargs=document_kwargs(config, self.tokenizer.bos_id if self.tokenizer else 0),
+        )  # fmt: skip
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
+        self.dataloader = self._synthetic_batches() if synthetic_data else self._build_dataloader()
+        self.optimizer = Optimizers(self.model_parts, config.optimizer, optimizer_device_type or env.device.type)
+        self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
+        self.step_count = 0
+        self.checkpoint = build_checkpoint_manager(self)
+        # Restores step_count too: the trainer is the "train_state".
+        if self.checkpoint is not None and self.checkpoint.load():
+            logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
+            log_resume(self.checkpoint.loaded_from, self.step_count, config.job.dump_folder, run)
+        self.data_iter = iter(self.dataloader)
+        self.throughput = Throughput()
+
+    def state_dict(self) -> dict:
+        return {"step": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = state["step"]
+
+    def _build_dataloader(self):
+        t = self.config.training
+        return build_dataloader(
+            dataset=t.dataset,
+            dataset_path=t.dataset_path,
+            text_field=t.dataset_text_field,
+            mixture=t.dataset_mixture,
+            tokenizer=self.tokenizer,
+            seq_len=t.seq_len,
+            local_batch_size=t.local_batch_size,
+            dp_rank=self.dims.local_rank("dp"),
+            dp_world_size=self.dims.dp,
+            num_workers=t.dataloader_num_workers,
+            seed=t.seed,
+            accumulation_steps=self.layout.accumulation_steps,
+            data_order=t.data_order,
+        )
+
+    def _synthetic_batches(self):
+        t, vocab = self.config.training, self.model_args.vocab_size
+        while True:
+            tokens = torch.randint(vocab, (t.local_batch_size, t.seq_len + 1))
+            yield tokens[:, :-1], tokens[:, 1:]
+
+    def _model_args(self, vocab_needed: int):
+        cfg = self.config
+        args = self.spec.args_for(cfg.model.flavor)
+        if vocab_needed > args.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {vocab_needed} tokens but model.flavor={cfg.model.flavor!r} has vocab_size="
+                f"{args.vocab_size}; use a flavor with a larger vocabulary or a smaller tokenizer "
+                "(model.tokenizer_path)"
+            )
+        return dataclasses.replace(args, max_seq_len=max(args.max_seq_len, cfg.training.seq_len))
+
+    @property
+    def model_parts(self) -> list[torch.nn.Module]:
+        """This rank's part of the model: the whole model, or its pipeline stages (one optimizer each)."""
+        return self.parallel_model.parts
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The whole model; with pipeline parallelism there is none on one rank: use `model_parts`."""
+        return self.parallel_model.whole_model
+
+    def parameters(self):
+        return self.parallel_model.parameters()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.throughput.data_wait():
+            inputs, labels = next(self.data_iter)
+        return inputs.to(self.env.device), labels.to(self.env.device)
+
+    def step(self) -> tuple[float, float, float]:
+        """One optimizer step over `accumulation_steps` micro-batches: (loss, grad_norm, lr used).
+
+        A non-finite loss or grad norm stops the run before the update (debug.nan_policy = "stop") or
+        skips the update ("skip").
+        """
+        model, accumulation = self.parallel_model, self.layout.accumulation_steps
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = sum(model.forward_backward(*self.next_batch(), 1.0 / accumulation) for _ in range(accumulation))
+        grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
+        loss = model.mean_loss(loss)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.step_count += 1
+        if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
+            if self.checkpoint is not None:
+                self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
+            self.optimizer.step()
+            model.after_optimizer_step()
+        self.lr_scheduler.step()
+        return loss, grad_norm, lr
+
+    def train(self) -> list[float]:
+        cfg, rank, device = self.config, self.env.rank, self.env.device
+        dump, prof = cfg.job.dump_folder, cfg.profiling
+        reporter = StepReporter(
+            cfg, self.parallel_model, self.throughput, rank=rank, world_size=self.env.world_size, device=device,
+            flops_per_token=self.spec.flops_per_token(self.model_args, cfg.training.seq_len), run=self.run,
+        )  # fmt: skip
+        reporter.log_model()
+        profiler = Profiler(
+            dump, prof.enable_profiling, prof.profile_freq, rank, device,
+            warmup=prof.profile_warmup, active=prof.profile_active, start_step=self.step_count,
+        )  # fmt: skip
+        snapshots = MemorySnapshotter(
+            dump, prof.enable_memory_snapshot, prof.memory_snapshot_freq, rank, device, start_step=self.step_count
+        )
+        validator = Validator(cfg, self.parallel_model, self.tokenizer, device)
+        losses = []
+        self.throughput.reset()
+        comm_failed = False
+        try:
+            with dump_on_comm_error(dump, rank), profiler, snapshots.dump_on_oom():
+                while self.step_count < cfg.training.steps:
+                    loss, grad_norm, lr = self.step()
+                    losses.append(loss)
+                    self._shorten_timeouts_after_first_step()
+                    with self.throughput.excluded():  # evaluation time is not training throughput
+                        validation = validator.run() if validator.due(self.step_count) else {}
+                    reporter.step(self.step_count, loss, grad_norm, lr, validation)
+                    if self.checkpoint is not None:
+                        self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
+                    profiler.step()
+                    snapshots.step()
+        except Exception as exc:
+            comm_failed = is_comm_error(exc)
+            raise
+        finally:
+            reporter.close()
+            # After a communication failure the peers are dead or hung: close()'s barrier would wait out a
+            # second timeout and hide the first error. An unfinished save stays a .tmp folder, never loaded.
+            if self.checkpoint is not None and not comm_failed:
+                self.checkpoint.close()
+        self._export()
+        return losses
+
+    def _shorten_timeouts_after_first_step(self) -> None:
+        if self.step_count == 1 and torch.distributed.is_initialized():
+            # Init and compile are done: from here on a hang should fail fast.
+            set_collective_timeout(self.config.comm.train_timeout_seconds, self.dims.all_groups())
+
+    def _export(self) -> None:
+        cfg = self.config
+        if self.checkpoint is None or not cfg.checkpoint.export_safetensors:
+            return
+        out = resolve_folder(cfg, cfg.checkpoint.export_folder)
+        self.checkpoint.export(out, dtype=cfg.checkpoint.export_dtype, tokenizer=self.tokenizer.path, overwrite=True)
+        logger.info(f"exported the model in Hugging Face layout to {out}")
+
+
+def train(config: JobConfig) -> list[float]:
+    """Run the training the config describes; returns the per-step losses."""
+    run = record_run(config)  # <dump_folder>/config.toml and run.json; refuses a resume the config would break
+    env = init_distributed(config)
+    try:
+        trainer = Trainer(config, env, run)
+        if config.checkpoint.create_seed_checkpoint:
+            logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(trainer)}")
+            return []
+        return trainer.train()
+    except Exception as exc:
+        if is_comm_error(exc):
+            exit_after_comm_failure(exc)
+        raise
+    finally:
+        shutdown_distributed()
+
+
+def exit_after_comm_failure(exc: BaseException) -> None:
+    """Exit non-zero now, so that torchrun restarts the group: tearing down a process group whose peer hung
+    or died can block (gloo pairs, a collective thread still waiting), and torchrun only acts on an exit."""
+    logger.error(f"exiting after a communication failure (the launcher restarts the group): {exc}")
+    for handler in logging.getLogger().handlers + logger.handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

@@ -1,0 +1,125 @@
+"""The validation loop (`[validation]`): every `freq` steps, the loss on a held-out dataset, forward only under
+no_grad on the training layout (FSDP, TP with loss parallel, CP, PP through the schedule's forward-only pass).
+
+The loss is the mean over every token the data-parallel ranks evaluated: each batch's loss is a mean over
+equal-sized micro-batches (`ParallelModel.forward_loss`), averaged over the data/cp ranks (`mean_loss`), then
+over batches, all of which hold the same number of tokens (a last, short batch is left out). Each evaluation
+builds its own dataloader in the source order, so every evaluation sees the same batches, and touches neither
+the training dataloader nor any RNG (the torch RNG is forked around it: a dataloader draws its base seed from
+it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from titan_parallel import ParallelModel
+from titan_train.config.loader import ConfigError
+from titan_train.config.sections import JobConfig
+from titan_train.data import build_dataloader
+from titan_train.data.tokenizer import Tokenizer
+
+
+def check_validation(config: JobConfig) -> None:
+    """Refuse a `[validation]` that cannot run, before anything is built (checked even when off: a typo is
+    a typo)."""
+    v, t, p = config.validation, config.training, config.parallelism
+    if v.freq < 1:
+        raise ConfigError(f"validation.freq={v.freq} must be >= 1 (steps between evaluations)")
+    if v.steps == 0 or v.steps < -1:
+        raise ConfigError(f"validation.steps={v.steps} must be >= 1, or -1 for the whole dataset once")
+    for key in ("local_batch_size", "seq_len"):
+        value = getattr(v, key)
+        if value == 0 or value < -1:
+            raise ConfigError(f"validation.{key}={value} must be >= 1, or -1 for training.{key}")
+    if not v.enable:
+        return
+    if p.pipeline_parallel_degree > 1:
+        from titan_parallel import SCHEDULES
+
+        schedule = next((s for s in SCHEDULES if s.lower() == p.pipeline_parallel_schedule.lower()), None)
+        if schedule is not None and SCHEDULES[schedule] == "v":
+            forward_only = ", ".join(s for s, shape in SCHEDULES.items() if shape != "v")
+            raise ConfigError(
+                f"validation.enable=true with parallelism.pipeline_parallel_schedule={schedule!r}: torch 2.13 has "
+                f"no forward-only pass for V-shaped schedules; use one of {forward_only}, or validation.enable=false"
+            )
+    if p.pipeline_parallel_degree > 1 and v.local_batch_size not in (-1, t.local_batch_size):
+        raise ConfigError(
+            f"validation.local_batch_size={v.local_batch_size} differs from training.local_batch_size="
+            f"{t.local_batch_size}; with pipeline parallelism the schedule's micro-batches are fixed: set it to -1"
+        )
+    if p.context_parallel_degree > 1 and v.seq_len not in (-1, t.seq_len):
+        raise ConfigError(
+            f"validation.seq_len={v.seq_len} differs from training.seq_len={t.seq_len}; with context "
+            "parallelism each rank's positions are fixed: set it to -1"
+        )
+    from titan_train.data import resolve_dataset
+
+    try:
+        resolve_dataset(v.dataset, v.dataset_path, t.dataset_text_field)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"validation: {str(e).replace('training.dataset', 'validation.dataset')}") from None
+
+
+class Validator:
+    """Runs the evaluation when it is due; `run()` on every rank (it is a sequence of collectives)."""
+
+    def __init__(self, config: JobConfig, model: ParallelModel, tokenizer: Tokenizer, device: torch.device):
+        v, t = config.validation, config.training
+        self.enabled, self.freq, self.steps = v.enable, v.freq, v.steps
+        self.last_step = t.steps
+        self.model, self.device = model, device
+        dims = model.layout.dims
+        self.loader_args = dict(
+            dataset=v.dataset,
+            dataset_path=v.dataset_path,
+            tokenizer=tokenizer,
+            seq_len=t.seq_len if v.seq_len == -1 else v.seq_len,
+            local_batch_size=t.local_batch_size if v.local_batch_size == -1 else v.local_batch_size,
+            dp_rank=dims.local_rank("dp"),
+            dp_world_size=dims.dp,
+            seed=None,  # the source's order: every evaluation sees the same batches
+            infinite=v.steps != -1,
+            text_field=t.dataset_text_field,  # validation data is laid out as the training data
+            data_order=t.data_order,
+        )
+
+    def due(self, step: int) -> bool:
+        return self.enabled and (step % self.freq == 0 or step == self.last_step)
+
+    def run(self) -> dict[str, float]:
+        """{"validation_loss", "validation_perplexity"} over the dataset (or `steps` batches)."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            total, batches = 0.0, 0
+            data = iter(build_dataloader(**self.loader_args))
+            rows = self.loader_args["local_batch_size"]
+            while self.steps == -1 or batches < self.steps:
+                batch = next(data, None)
+                # A finite split ends in a short batch: left out, as every batch must hold as many tokens.
+                full = batch is not None and batch[0].shape[0] == rows
+                if not _every_rank_has(full, self.device):
+                    break  # ranks' shares of a finite split may differ by a batch: stop together
+                inputs, labels = (t.to(self.device) for t in batch)
+                total += self.model.mean_loss(self.model.forward_loss(inputs, labels))
+                batches += 1
+        if batches == 0:
+            raise ValueError(
+                f"validation.dataset={self.loader_args['dataset']!r} yields no batch of "
+                f"{self.loader_args['local_batch_size']} x {self.loader_args['seq_len']} tokens on some "
+                "data-parallel rank; use a larger dataset or smaller validation.local_batch_size / seq_len"
+            )
+        loss = total / batches
+        return {"validation_loss": loss, "validation_perplexity": math.exp(min(loss, 700.0))}
+
+
+def _every_rank_has(mine: bool, device: torch.device) -> bool:
+    if not dist.is_initialized():
+        return mine
+    flag = torch.tensor([int(mine)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())

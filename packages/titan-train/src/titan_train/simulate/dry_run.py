@@ -1,0 +1,311 @@
+"""`titan-train --config R --dry-run --world-size N`: one CPU process predicts each rank's memory at scale.
+
+For each rank class (rank_classes.py) one representative rank is simulated (fake_runtime.py): the real
+Trainer is built, with synthetic batches instead of the tokenizer and dataloader, through the real
+parallelize path, and runs two real training steps (Trainer.step: micro-batches, the pipeline schedule,
+clipping, the optimizer) on fake tensors. titan_debug's AllocationTracker records every allocation and free
+with its op and phase; titan_debug's caching-allocator model replays them for the reserved peak.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
+from titan_models import get_model_spec
+from titan_parallel.model.layout import DataParallel
+from titan_parallel.tp.async_tensor_parallel import symmetric_memory_unavailable
+from titan_train.config import ConfigError, JobConfig
+from titan_train.config.parallel_layout import Layout, resolve_layout
+from titan_train.run.distributed import RunEnv
+from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
+from titan_train.simulate.fake_runtime import fake_rank
+from titan_train.simulate.rank_classes import RankClass, rank_classes
+from titan_train.simulate.step_memory import measure_steps
+
+logger = logging.getLogger("titan")
+GIB = 1024**3
+STEPS = 2
+GPUS_PER_NODE = 8
+"""GPUs per node of the modelled cluster (H100 HGX nodes, as the paper's): where a TP group can use NVLink."""
+ALWAYS_UNMODELLED = [
+    "CUDA context, NCCL communicator and kernel-library workspaces (allocated outside PyTorch's caching allocator)",
+    "attention kernels: the CPU flash-attention op's outputs and saved tensors stand for the GPU kernel's",
+]
+
+
+def check_world_size(world_size: int) -> None:
+    if world_size < 1:
+        raise ConfigError(f"--world-size {world_size}: must be a whole number >= 1 (the number of GPUs to model)")
+
+
+def _eager(config: JobConfig) -> JobConfig:
+    return dataclasses.replace(config, compile=dataclasses.replace(config.compile, enable=False))
+
+
+def _async_tp_as_on_gpus(config: JobConfig) -> tuple[JobConfig, list[str]]:
+    """The config with async TP as a CUDA run of it would have it, and what of that goes unmodelled.
+
+    `async_tensor_parallel_implementation = "auto"` picks torch's SymmetricMemory pass on GPUs where it can
+    run (compiled, inductor, the TP group on one node), Titan's eager layers elsewhere: decided here for the
+    modelled GPUs, not for this CPU. The pass rewrites compiled graphs, and the simulation runs eager, so a
+    run that would use it is simulated with the plain TP styles it compiles from."""
+    p = config.parallelism
+    if not p.enable_async_tensor_parallel or p.tensor_parallel_degree == 1:
+        return config, []
+    backend = config.compile.backend if config.compile.enable else None
+    reason = symmetric_memory_unavailable("cuda", backend, p.tensor_parallel_degree, GPUS_PER_NODE)
+    if p.async_tensor_parallel_implementation == "titan" or (
+        p.async_tensor_parallel_implementation == "auto" and reason is not None
+    ):
+        return config, []  # Titan's eager layers: simulated as they are
+    if reason is not None:
+        raise ConfigError(
+            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run on the modelled "
+            f"GPUs ({GPUS_PER_NODE} per node): {reason}; use 'titan' or 'auto'"
+        )
+    plain = dataclasses.replace(config, parallelism=dataclasses.replace(p, enable_async_tensor_parallel=False))
+    note = (
+        "async TP: torch's SymmetricMemory pass (a CUDA run's choice here) rewrites compiled graphs, which run "
+        "eager in the simulation: modelled as the plain TP it compiles from, without its symmetric-memory buffers"
+    )
+    return plain, [note]
+
+
+def resolve_dry_run_layout(config: JobConfig, world_size: int) -> tuple[Layout, list[str]]:
+    """The layout the dry run simulates, and what the real run would refuse that the dry run goes past.
+
+    The simulation runs compiled blocks eager, so a config refused only because of torch.compile (e.g.
+    compiled whole-block checkpoints with DTensor parameters) is still modelled: the refusal is reported
+    as unsupported. Any other config error stays an error."""
+    config, _ = _async_tp_as_on_gpus(config)
+    try:
+        return resolve_layout(config, world_size), []
+    except ConfigError as refusal:
+        if not config.compile.enable:
+            raise
+        layout = resolve_layout(_eager(config), world_size)  # an error not about compile stops the dry run
+        return layout, [f"the real run is refused: {refusal} (the dry run models the eager run)"]
+
+
+def _check_simulable(layout: Layout) -> None:
+    if layout.data_parallel is DataParallel.DDP:
+        raise ConfigError(
+            f"--dry-run cannot simulate DDP (parallelism.data_parallel_replicate_degree={layout.dims.dp_replicate} "
+            "with data_parallel_shard_degree=1): torch's C++ DDP reducer needs real tensors. Simulate the same "
+            "world with FSDP (data_parallel_shard_degree) or HSDP (both degrees > 1) instead"
+        )
+
+
+def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
+    """The config the simulation runs, and what it cannot model as configured."""
+    config, async_tp_notes = _async_tp_as_on_gpus(config)
+    unmodelled = list(ALWAYS_UNMODELLED)
+    if config.compile.enable:
+        unmodelled.append(
+            "torch.compile: blocks run eager (inductor's fusion and buffer reuse, which lower the real peak)"
+        )
+        config = _eager(config)
+    if config.float8.enable:
+        unmodelled.append("Float8: the casts' temporaries follow torchao's eager ops, not the fused GPU kernels")
+        if config.parallelism.tensor_parallel_degree > 1:
+            unmodelled.append(
+                "Float8 TP: on the simulated (CPU) mesh TP collectives stay in high precision; a GPU run sends float8"
+            )
+    unmodelled += async_tp_notes
+    if config.parallelism.pipeline_parallel_degree > 1:
+        unmodelled.append("pipeline P2P: NCCL's send/recv staging buffers")
+    # Nothing to save or resume: checkpoints and validation stay off.
+    config = dataclasses.replace(
+        config,
+        checkpoint=dataclasses.replace(config.checkpoint, enable=False),
+        validation=dataclasses.replace(config.validation, enable=False),
+    )
+    return config, unmodelled
+
+
+def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtype]:
+    """Shape and dtype of the activations one pipeline stage hands the next."""
+    t, dims = config.training, layout.dims
+    spec = get_model_spec(config.model.name)
+    microbatch = t.local_batch_size // (layout.pipeline.n_microbatches if layout.pipeline else 1)
+    # Sequence-parallel TP shards the sequence between blocks, as context parallelism does.
+    sequence = t.seq_len // dims.cp // dims.tp
+    dtype = layout.param_dtype if layout.data_parallel.casts_params else torch.float32
+    return (microbatch, sequence, spec.args_for(config.model.flavor).dim), dtype
+
+
+def simulate(
+    config: JobConfig, world_size: int, rank_class: RankClass, capacity_bytes: int, expandable_segments: bool = False
+) -> dict:
+    """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures."""
+    layout = resolve_layout(config, world_size)
+    hidden_shape, hidden_dtype = _hidden(config, layout)
+    env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
+    with fake_rank(rank_class.representative, world_size, hidden_shape, hidden_dtype):
+        tracker, held, trainer = measure_steps(config, env, STEPS)
+    peak = tracker.peak_active()
+    by_phase = tracker.bytes_by_phase_at_peak()
+    try:  # with a capacity the model frees cached segments and retries before failing, as torch does
+        reserved = replay(tracker.events, capacity_bytes=capacity_bytes, expandable_segments=expandable_segments)
+        out_of_memory = None
+    except SimulatedOutOfMemory as error:
+        reserved, out_of_memory = replay(tracker.events, expandable_segments=expandable_segments), str(error)
+    activations = sum(n for phase, n in by_phase.items() if phase.endswith(("forward", "loss")))
+    spec, t = get_model_spec(config.model.name), config.training
+    tokens_per_step = layout.accumulation_steps * t.local_batch_size * t.seq_len * layout.dims.dp
+    flops = spec.flops_per_token(trainer.model_args, t.seq_len) * tokens_per_step // world_size
+    return {
+        "ranks": rank_class.ranks,
+        "name": rank_class.name,
+        "stages": list(rank_class.stages),
+        "peak_active_gib": peak.bytes / GIB,
+        "peak_reserved_gib": reserved.peak_reserved.bytes / GIB,
+        "peak_op": peak.op,
+        "peak_phase": peak.phase,
+        "reserved_peak_op": reserved.peak_reserved.op,
+        "reserved_peak_phase": reserved.peak_reserved.phase,
+        "segments": reserved.segments,
+        "out_of_memory": out_of_memory,
+        **{f"{name}_gib": held[name] / GIB for name in ("params", "grads", "optimizer")},
+        "activations_gib": activations / GIB,
+        "bytes_by_phase_at_peak": by_phase,
+        "flops_per_step": flops,
+    }
+
+
+def _simulate_reporting_errors(
+    config: JobConfig, world_size: int, rank_class: RankClass, capacity_gib: float, allocator: AllocatorSetting
+):
+    """`simulate` in a child process: an error comes back as text (torch's exceptions may not pickle)."""
+    try:
+        return simulate(config, world_size, rank_class, int(capacity_gib * GIB), allocator.expandable_segments)
+    except ConfigError:
+        raise
+    except Exception as error:
+        where = "".join(traceback.format_exception(error)[-12:])
+        raise RuntimeError(
+            f"dry run of {rank_class.name} (rank {rank_class.representative}) failed:\n{where}"
+        ) from None
+
+
+def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
+    found = []
+    if entry["peak_reserved_gib"] > capacity_gib:
+        found.append(
+            f"over capacity: {entry['peak_reserved_gib']:.1f} GiB reserved > --device-memory-gib {capacity_gib:g}; "
+            "shard more (parallelism.data_parallel_shard_degree, tensor_parallel_degree), checkpoint activations "
+            "(activation_checkpoint.mode), or lower training.local_batch_size"
+        )
+    if entry["out_of_memory"]:
+        found.append(f"the allocator model runs out of memory: {entry['out_of_memory']}")
+    if entry["peak_phase"].endswith(("loss", "loss_backward")) and not config.training.loss_chunk_tokens:
+        found.append(
+            f"the peak is in the {entry['peak_phase']} phase (the logits and their gradient): chunk the loss "
+            "with training.loss_chunk_tokens (see README 'Memory-lean training')"
+        )
+    backward = sum(n for phase, n in entry["bytes_by_phase_at_peak"].items() if phase.endswith("backward")) / GIB
+    if config.parallelism.pipeline_parallel_degree > 1 and backward > 0.25 * entry["peak_active_gib"]:
+        found.append(
+            f"{backward:.1f} GiB of the peak are backward tensors held across pipeline micro-batches (FSDP "
+            "accumulates unsharded gradients until the last micro-batch's backward); more data-parallel "
+            "sharding, fewer stages per rank or a smaller parallelism.pipeline_parallel_microbatch_size lowers it"
+        )
+    return found
+
+
+def dry_run(
+    config: JobConfig, world_size: int, device_memory_gib: float = 80.0, every_pipeline_rank: bool = False
+) -> dict:
+    """Simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
+
+    The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
+    `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py)."""
+    check_world_size(world_size)
+    allocator = allocator_setting()  # raises config errors before any work, as does the layout
+    layout, unsupported = resolve_dry_run_layout(config, world_size)
+    _check_simulable(layout)
+    classes = rank_classes(layout, every_pipeline_rank)
+    for refusal in unsupported:
+        logger.warning(f"dry run: unsupported: {refusal}")
+    sim_config, unmodelled = _dry_run_config(config)
+    unmodelled += allocator.unmodelled
+    start = time.perf_counter()
+    entries = []
+    # Each class in a fresh process: torch caches per-mesh state (DTensor's sharding and redistribute
+    # plans) that a second fake process group in the same process would find stale. Forked: nothing to
+    # re-import. Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once,
+    # and the last one does not run alone after the others.
+    at_once = max(1, min(len(classes), 2 * (os.cpu_count() or 1)))
+    for first in range(0, len(classes), at_once):
+        batch = classes[first : first + at_once]
+        with contextlib.ExitStack() as children:
+            futures = []
+            for index, rank_class in enumerate(batch, first):
+                logger.info(
+                    f"dry run: simulating {rank_class.name}, rank {rank_class.representative} "
+                    f"({index + 1}/{len(classes)})"
+                )
+                child = children.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")))
+                futures.append(
+                    child.submit(
+                        _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator
+                    )
+                )
+            batch_entries = [future.result() for future in futures]
+        for entry in batch_entries:
+            entry["device_memory_gib"] = device_memory_gib
+            entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
+            entry["warnings"] = _warnings(entry, config, device_memory_gib)
+            entries.append(entry)
+    report = {
+        "world_size": world_size,
+        "steps": STEPS,
+        "device_memory_gib": device_memory_gib,
+        "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
+        "unsupported": unsupported,
+        "rank_classes": entries,
+        "unmodelled": unmodelled,
+        "seconds": time.perf_counter() - start,
+    }
+    os.makedirs(config.job.dump_folder, exist_ok=True)
+    with open(os.path.join(config.job.dump_folder, "dry_run.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    print(format_report(report))
+    return report
+
+
+COLUMNS = ("ranks", "peak res", "peak act", "params", "grads", "optim", "activ", "headroom", "peak at")
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"# dry run: world size {report['world_size']}, {report['steps']} steps, "
+        f"device {report['device_memory_gib']:g} GiB, allocator {_allocator_text(report['allocator'])} "
+        "(GiB per rank)",
+        "  ".join(f"{c:>9}" for c in COLUMNS[:-1]) + f"  {COLUMNS[-1]}",
+    ]
+    for e in report["rank_classes"]:
+        ranks = e["ranks"]
+        label = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+        numbers = [e[k] for k in ("peak_reserved_gib", "peak_active_gib", "params_gib", "grads_gib")]
+        numbers += [e[k] for k in ("optimizer_gib", "activations_gib", "headroom_gib")]
+        lines.append(
+            f"{label:>9}  " + "  ".join(f"{n:9.2f}" for n in numbers) + f"  {e['peak_phase']} / {e['peak_op']}"
+        )
+        lines += [f"  {e['name']}: warning: {w}" for w in e["warnings"]]
+    lines += [f"# unsupported: {u}" for u in report["unsupported"]]
+    lines += [f"# not modelled: {u}" for u in report["unmodelled"]]
+    return "\n".join(lines)
+
+
+def _allocator_text(allocator: dict) -> str:
+    return f"expandable_segments:{allocator['expandable_segments']} ({allocator['source']})"
