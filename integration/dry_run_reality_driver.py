@@ -11,12 +11,12 @@ import sys
 
 from titan_train.config import load_config, parse_argv
 from titan_train.run.distributed import init_distributed, shutdown_distributed
-from titan_train.simulate.dry_run import STEPS
+from titan_train.simulate.dry_run import STEPS, simulated_config
 from titan_train.simulate.step_memory import measure_steps
 
 
 def main(out_dir: str, argv: list[str]) -> None:
-    config = load_config(parse_argv(argv))
+    config, _ = simulated_config(load_config(parse_argv(argv)))  # the config the dry run simulates
     env = init_distributed(config)
     try:
         tracker, held, _ = measure_steps(config, env, STEPS)

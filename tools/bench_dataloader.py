@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gzip
 import io
 import json
@@ -40,6 +39,8 @@ import torch.nn.functional as F
 
 from titan_models import get_model_spec
 from titan_train.cli.data import main as titan_data
+from titan_train.config import build_config
+from titan_train.config.model_args import model_args
 from titan_train.data import build_dataloader, resolve_dataset
 from titan_train.data.tokenizer import load_tokenizer
 
@@ -100,9 +101,8 @@ def order_cost(path: Path, tokenizer, batch: int, seq_len: int, batches: int, dp
 
 
 def trainer_tokens_per_second(vocab_size: int, batch: int, seq_len: int, steps: int) -> float:
-    spec = get_model_spec("llama3")
-    args = spec.args_for("debug")
-    args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, seq_len))
+    config = build_config({}, {"model.flavor": "debug", "training.seq_len": str(seq_len)}, source="bench")
+    spec, args = get_model_spec("llama3"), model_args(config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = spec.model_cls(args).to(device)

@@ -1,5 +1,6 @@
 """Per-rank bytes of parameters, gradients and optimizer state for a parallel layout, measured from the
-live tensors after one training step (a DTensor counts its local shard only), so FSDP's 1/N shows.
+live tensors after one training step (titan_train/run/held_bytes.py: a DTensor counts its local shard only,
+so FSDP's 1/N shows).
 
     torchrun --nproc_per_node 2 tools/memory_report.py --config configs/debug_model.toml
     python tools/memory_report.py --config configs/debug_model.toml          # one process
@@ -9,31 +10,12 @@ Takes the same options as titan-train.
 
 import sys
 
-import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from titan_train.config import load_config, parse_argv
 from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.held_bytes import held_bytes
 from titan_train.run.trainer import Trainer
-
-
-def local_bytes(t: torch.Tensor | None) -> int:
-    if t is None:
-        return 0
-    if isinstance(t, DTensor):
-        t = t.to_local()
-    return t.numel() * t.element_size()
-
-
-def measure(trainer: Trainer) -> dict[str, int]:
-    params = list(trainer.parameters())  # this rank's pipeline stages, or the whole model
-    state = [s for optimizer in trainer.optimizer.optimizers for s in optimizer.state.values()]
-    return {
-        "params": sum(local_bytes(p) for p in params),
-        "grads": sum(local_bytes(p.grad) for p in params),
-        "optimizer": sum(local_bytes(v) for s in state for v in s.values() if isinstance(v, torch.Tensor)),
-    }
 
 
 def main(argv: list[str]) -> None:
@@ -42,7 +24,7 @@ def main(argv: list[str]) -> None:
     try:
         trainer = Trainer(config, env)
         trainer.step()  # gradients and optimizer state exist only after a step
-        mine = measure(trainer)
+        mine = held_bytes(trainer.parameters(), trainer.optimizer.optimizers)
         rows = [None] * env.world_size if dist.is_initialized() else [mine]
         if dist.is_initialized():
             dist.all_gather_object(rows, mine)

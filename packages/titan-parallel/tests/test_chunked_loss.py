@@ -79,7 +79,7 @@ def batch(ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def loss_and_grads(chunk_tokens: int, param_dtype=torch.float32, ignored: int = 0, scale: float = 1.0, compile=None):
     model = build(chunk_tokens, param_dtype, compile)
     loss = model.forward_backward(*batch(ignored), scale=scale)
-    return loss, {name: p.grad for name, p in model.named_parameters()}
+    return loss, {name: p.grad for name, p in model.whole_model.named_parameters()}
 
 
 @pytest.mark.parametrize("chunk_tokens, ignored", [(64, 0), (100, 0), (96, 40), (4096, 0)])

@@ -47,7 +47,7 @@ def test_a_config_mistake_found_during_the_run_exits_2_without_traceback(monkeyp
 
     message = "model.flavor='tiny' has vocab_size=256 but the tokenizer has 2000 tokens"
 
-    def train(config):
+    def train(config, layout):
         raise ConfigError(message)
 
     monkeypatch.setattr("titan_train.run.trainer.train", train)
@@ -58,7 +58,7 @@ def test_a_config_mistake_found_during_the_run_exits_2_without_traceback(monkeyp
 def test_a_known_failure_exits_1_with_its_message_only(monkeypatch, capsys):
     from titan_debug import NonFiniteError
 
-    def train(config):
+    def train(config, layout):
         raise NonFiniteError("step 3: loss=nan; the run stops before the update (debug.nan_policy='stop')")
 
     monkeypatch.setattr("titan_train.run.trainer.train", train)
@@ -68,7 +68,7 @@ def test_a_known_failure_exits_1_with_its_message_only(monkeypatch, capsys):
 
 
 def test_an_unexpected_failure_exits_1_and_keeps_its_traceback(monkeypatch, capsys):
-    def train(config):
+    def train(config, layout):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr("titan_train.run.trainer.train", train)

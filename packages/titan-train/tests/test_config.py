@@ -216,9 +216,10 @@ PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--model.flavor", "debug")
          r"local_batch_size=3 is not divisible by .*microbatch_size=2; use a microbatch size in \[1, 3\]"),
         (["--training.local_batch_size", "1"], "'1F1B' needs at least 2 microbatches"),
         (["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--compile.enable", "true"],
-         "'ZBVZeroBubble' splits backward .* set compile.enable=false"),
+         "'ZBVZeroBubble' splits backward .* turn off compile.enable "),
         (["--parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble", "--activation_checkpoint.mode",
-          "selective"], "per-op selective activation checkpointing allows one"),
+          "selective"], r"per-op selective activation checkpointing \(activation_checkpoint.selective_ac_option='op'\) "
+                        "allows one"),
         (["--parallelism.pipeline_parallel_stage_blocks", "layers.0 layers.1,layers.3 layers.2 layers.4 layers.5"],
          "pipeline_parallel_stage_blocks must list every block once, in model order .* out of order"),
         (["--parallelism.pipeline_parallel_stage_blocks", "layers.0,layers.1", "--parallelism."
@@ -295,3 +296,12 @@ def test_cli_reports_config_errors_before_any_work(capsys):
 def test_cli_print_config(capsys):
     assert main(["--training.steps", "3", "--print-config"]) == 0
     assert "steps = 3" in capsys.readouterr().out
+
+
+def test_a_tokenizer_larger_than_the_flavors_vocabulary_is_refused_before_any_work(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i + 2 for i in range(3000)}}  # 3002 tokens > tiny's 2048
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ConfigError, match=r"the tokenizer has 3002 tokens but model.flavor='tiny' has vocab_size=2048"):
+        cli("--model.flavor", "tiny", "--model.tokenizer_path", str(tmp_path / "tokenizer.json"))

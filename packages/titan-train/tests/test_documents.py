@@ -16,11 +16,11 @@ def test_ids_and_positions_restart_at_each_bos():
     assert document_positions(ids).tolist() == [[0, 1, 2, 0, 1, 2, 0, 1], [0, 1, 2, 3, 0, 1, 0, 1]]
 
 
-def test_kwargs_follow_the_config():
+def test_kwargs_follow_the_model_settings():
     inputs = torch.tensor([[BOS, 5, EOS, BOS, 6, EOS]])
-    assert document_kwargs(build_config({}, []), BOS) is None
-    masked = document_kwargs(build_config({"model": {"attention_mask": "block_causal"}}, []), BOS)(inputs)
+    defaults = build_config({}, []).model
+    assert document_kwargs(defaults.attention_mask, defaults.positions, BOS) is None
+    masked = document_kwargs("block_causal", "sequence", BOS)(inputs)
     assert set(masked) == {"document_ids"}
-    both = build_config({"model": {"attention_mask": "block_causal", "positions": "document"}}, [])
-    found = document_kwargs(both, BOS)(inputs)
+    found = document_kwargs("block_causal", "document", BOS)(inputs)
     assert found["positions"].tolist() == [[0, 1, 2, 0, 1, 2]]

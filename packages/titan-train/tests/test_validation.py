@@ -93,8 +93,8 @@ def test_validation_loss_is_the_mean_over_the_batches(tmp_path):
         ({"validation": {"enable": True, "dataset": "nope"}}, r"validation\.dataset='nope' is not a known dataset"),
         (
             {"model": {"name": "hyena", "flavor": "tiny", "attention_mask": "block_causal"}},
-            r"model\.attention_mask='block_causal' / model\.positions='sequence' are implemented for "
-            r"model\.name='llama3', not 'hyena'",
+            r"model\.attention_mask='block_causal' / model\.positions='sequence': model\.name='hyena' takes no "
+            r"document ids or per-document positions",
         ),
         (
             {

@@ -40,8 +40,6 @@ from titan_checkpoint.storage import ChecksumWriter
 
 logger = logging.getLogger("titan.checkpoint")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class CheckpointManager:
     """Periodic, crash-safe checkpoints of a training run in `folder`.
@@ -132,7 +130,7 @@ class CheckpointManager:
             return False
         self.wait()
         if last and self.config.model_only:
-            self._save(step, ["model"], DTYPES[self.config.export_dtype])
+            self._save(step, ["model"], getattr(torch, self.config.export_dtype))  # a name in EXPORT_DTYPES
         else:
             self._save(step, list(self.states), None)
         self._last_saved = step

@@ -28,8 +28,7 @@ class ModelPlan:
     (`titan_models.tp_styles.ChannelShard`), which titan_parallel.apply_tp recognizes by duck typing
     (`parallel_style == "channel_shard"` plus a `sharded` tuple)."""
     tp_divisible: dict[str, int] = field(default_factory=dict)
-    """Sizes the tensor-parallel degree must divide, by the name to use in error messages
-    (e.g. {"model.n_heads": 16})."""
+    """Sizes the tensor-parallel degree must divide, by their names in the model's args (e.g. {"n_heads": 16})."""
     attention_fqns: list[str] = field(default_factory=list)
     """FQN patterns ("*" matches one name) of the modules that compute attention from (q, k, v) alone
     ([bs, heads, seqlen, head_dim] each), e.g. "layers.*.attention.inner_attention". Context parallelism
@@ -41,6 +40,11 @@ class ModelPlan:
     """The output projection to the vocabulary (e.g. "output"): a Linear-like module (`weight` [vocab, dim],
     optional `bias`) whose output is the logits the loss reads. Declared, a parallelizer may compute it
     together with the loss, chunk by chunk, without materialising all the logits."""
+
+    document_masking: bool = False
+    """Whether the model's forward takes `document_ids` ([bs, seqlen]: block-causal attention within each
+    packed document) and per-token `positions` ([bs, seqlen]: restarting at each document), so a trainer may
+    mask packed documents from each other."""
 
     @property
     def context_parallel(self) -> bool:

@@ -34,6 +34,9 @@ class ModelSpec:
     """(args, seq_len) -> training FLOPs per token, for MFU."""
     hf_adapter: Callable[[Any], Any]
     """args -> ours <-> Hugging Face name and tensor mapping."""
+    decoding: str = "kv cache"
+    """How generation decodes one token after another: "kv cache" (attention keys and values kept), or
+    "long convolution" (the online convolution strategies of titan_models.generate.STRATEGIES)."""
 
     def args_for(self, flavor: str) -> Any:
         """A copy of the flavor's args, safe to modify (e.g. max_seq_len from the training config)."""
@@ -96,6 +99,7 @@ def _register_builtin_models() -> None:
             plan=hyena_plan,
             flops_per_token=hyena_flops_per_token,
             hf_adapter=_no_hf_adapter("hyena"),
+            decoding="long convolution",
         )
     )
 

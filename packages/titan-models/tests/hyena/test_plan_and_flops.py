@@ -17,7 +17,7 @@ def test_plan_names_real_modules(build):
     for pattern in hyena_tp_plan():
         prefix, _, rest = pattern.partition("*.")
         assert any(name == pattern or (rest and name.startswith(prefix) and name.endswith(rest)) for name in modules)
-    assert plan.tp_divisible == {"model.dim": 64, "model.ffn_hidden_dim": model.args.hidden_dim}
+    assert plan.tp_divisible == {"dim": 64, "ffn_hidden_dim": model.args.hidden_dim}
 
 
 def test_channel_shards_name_per_channel_tensors(build):

@@ -26,7 +26,7 @@ def test_plan_fqns_name_real_modules():
     assert plan.input_fqns == ["tok_embeddings"] and plan.output_fqns == ["norm", "output"]
     for pattern in plan.tp_plan():
         assert any(fnmatch.fnmatchcase(name, pattern) for name in modules), pattern
-    assert plan.tp_divisible == {"model.n_heads": 4, "model.n_kv_heads": 2, "model.ffn_hidden_dim": 256}
+    assert plan.tp_divisible == {"n_heads": 4, "n_kv_heads": 2, "ffn_hidden_dim": 256}
 
 
 def test_tp_plan_is_torchtitans():

@@ -5,6 +5,8 @@
   `Layout` (`DataParallel`, `ACGranularity`, `ActivationCheckpoint`, `ContextParallel`, `SimpleFSDPOptions`);
   `ModelConverter` is the hook for transforms from other packages (float8).
 - `device_type`, `device_module`, `distributed_backend`: the one place that picks the device and backend.
+- Errors name the parameters a caller set (`schedule=`, `tp=`), or what its users call them: a trainer maps
+  them once, as data, with `option_names({"tp": "parallelism.tensor_parallel_degree", ...})`.
 - `ParallelDims`: the degrees (dp_replicate x dp_shard x cp x tp x pp = world size) and the named mesh.
 - The parallelisms, one file each, usable alone: `apply_tp` (+ `check_tp_degree`, `loss_context`; plan values
   are ParallelStyles or styles declared as data: `parallel_style='channel_shard'` -> `ChannelParallel`),
@@ -18,7 +20,7 @@
   `build_pipeline` -> `Pipeline.step`.
 """
 
-from titan_parallel.ac.activation_checkpoint import apply_ac
+from titan_parallel.ac.activation_checkpoint import apply_ac, check_ac_options, compiled_block_ac_refusal
 from titan_parallel.cp.context_parallel import (
     RingAttention,
     apply_cp,
@@ -31,6 +33,7 @@ from titan_parallel.fsdp.data_parallel import apply_ddp, apply_fsdp
 from titan_parallel.fsdp.simple_fsdp import MODES as SIMPLE_FSDP_MODES
 from titan_parallel.fsdp.simple_fsdp import apply_simple_fsdp
 from titan_parallel.fsdp.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
+from titan_parallel.loss.chunked_loss import check_loss_chunking
 from titan_parallel.mesh.device import device_module, device_type, distributed_backend
 from titan_parallel.mesh.parallel_dims import ParallelDims
 from titan_parallel.model.applied_layout import describe_applied, format_applied
@@ -45,6 +48,7 @@ from titan_parallel.model.layout import (
     SimpleFSDPOptions,
 )
 from titan_parallel.model.parallel_model import ModelConverter, ParallelModel, build_parallel_model
+from titan_parallel.options.option_names import option_names
 from titan_parallel.params.stored_params import sharded_params
 from titan_parallel.pp.pipeline import Pipeline, build_pipeline
 from titan_parallel.pp.pipeline_plan import SCHEDULES, PipelinePlan, plan_pipeline
@@ -94,7 +98,10 @@ __all__ = [
     "apply_tp",
     "build_parallel_model",
     "build_pipeline",
+    "check_ac_options",
+    "check_loss_chunking",
     "check_tp_degree",
+    "compiled_block_ac_refusal",
     "describe_applied",
     "clip_grad_norm_",
     "device_module",
@@ -104,6 +111,7 @@ __all__ = [
     "format_applied",
     "load_balanced_positions",
     "loss_context",
+    "option_names",
     "plan_pipeline",
     "ring_attention",
     "shard_sequence",

@@ -69,5 +69,5 @@ def hyena_plan(args: HyenaArgs) -> ModelPlan:
         tp_plan=hyena_tp_plan,
         # Channels must split evenly (the operator views its local channels as [-1, N + 1] and [-1, N - 1]),
         # and so must the SwiGLU hidden units.
-        tp_divisible={"model.dim": args.dim, "model.ffn_hidden_dim": args.hidden_dim},
+        tp_divisible={"dim": args.dim, "ffn_hidden_dim": args.hidden_dim},
     )

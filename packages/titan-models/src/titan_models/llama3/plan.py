@@ -64,11 +64,12 @@ def llama3_plan(args: Llama3Args) -> ModelPlan:
         head_fqn="output",
         tp_plan=llama3_tp_plan,
         attention_fqns=["layers.*.attention.inner_attention"],
+        document_masking=True,
         # Heads must split evenly (attention reshapes to local heads with -1), and so must the SwiGLU
         # hidden units (w1/w3 column shards feed w2's row shard as plain local tensors).
         tp_divisible={
-            "model.n_heads": args.n_heads,
-            "model.n_kv_heads": args.num_kv_heads,
-            "model.ffn_hidden_dim": args.hidden_dim,
+            "n_heads": args.n_heads,
+            "n_kv_heads": args.num_kv_heads,
+            "ffn_hidden_dim": args.hidden_dim,
         },
     )

@@ -36,6 +36,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 import titan_parallel.cp.ring_attention  # noqa: F401  registers torch.ops.titan.ring_attention
+from titan_parallel.options.option_names import named
 
 MODES = ("none", "selective", "full", "auto")
 BLOCK_POLICIES = ("none", "op", "full")
@@ -58,17 +59,23 @@ SAC_SAVE_OPS = {
 }
 
 
+def compiled_block_ac_refusal(compiled: bool, dtensor_params: bool) -> str | None:
+    """Why a compiled block cannot be checkpointed whole, or None where it can: torch's AOTAutograd fails on a
+    checkpointed compiled block whose parameters are DTensors (tensor parallel, SimpleFSDP make them so): it
+    saves DTensor mesh metadata for backward. Per-op selective AC compiles; eager whole-block AC works."""
+    if compiled and dtensor_params:
+        return f"torch {torch.__version__} cannot compile whole-block checkpoints of blocks with DTensor parameters"
+    return None
+
+
 def check_ac_options(mode: str, selective_option: str = "op") -> None:
-    """A ValueError naming the option that apply_ac would refuse."""
+    """A ValueError naming the option that apply_ac would refuse. The selective option is checked whatever
+    the mode: a typo is a typo, and would otherwise surface only the day selective AC is turned on."""
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not supported; use one of {', '.join(MODES)}")
-    if (
-        mode == "selective"
-        and selective_option != "op"
-        and not (selective_option.isdigit() and int(selective_option) > 0)
-    ):
+        raise ValueError(f"{named('mode')}={mode!r} is not supported; use one of {', '.join(MODES)}")
+    if selective_option != "op" and not (selective_option.isdigit() and int(selective_option) > 0):
         raise ValueError(
-            f"selective_option={selective_option!r} is not supported; use 'op' (per-op selective AC) or a "
+            f"{named('selective_option')}={selective_option!r} is not supported; use 'op' (per-op selective AC) or a "
             "positive integer N as a string (checkpoint every N-th block)"
         )
 

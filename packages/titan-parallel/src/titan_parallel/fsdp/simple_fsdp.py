@@ -45,6 +45,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 from torch.utils._pytree import tree_map_only
 
 import titan_parallel.fsdp.simple_fsdp_recompute as recompute
+from titan_parallel.ac.activation_checkpoint import compiled_block_ac_refusal
 from titan_parallel.fsdp.simple_fsdp_gather import GatherSpec, gather
 from titan_parallel.params.stored_params import local_view, local_view_names, reading_stored, swap_class
 
@@ -115,14 +116,14 @@ def apply_simple_fsdp(
 def _check_blocks(model: nn.Module, block_fqns: list[str]) -> None:
     for fqn in block_fqns:
         block = model.get_submodule(fqn)
-        full_ac = isinstance(block, CheckpointWrapper) and block.checkpoint_fn.keywords.get("context_fn") is None
-        if full_ac and getattr(block, "_compiled_call_impl", None) is not None:
+        whole = isinstance(block, CheckpointWrapper) and block.checkpoint_fn.keywords.get("context_fn") is None
+        compiled = getattr(block, "_compiled_call_impl", None) is not None
+        refusal = compiled_block_ac_refusal(compiled, dtensor_params=True) if whole else None
+        if refusal:
             raise ValueError(
-                f"simple_fsdp: block {fqn!r} is compiled and checkpointed without a selective policy "
-                "(activation_checkpoint.mode='full' or a selective every-N option); torch 2.13 cannot compile "
-                "DTensor parameters inside such a region (AssertionError: expected all "
-                "tensors_saved_with_vc_check to be Tensors ... DeviceMesh). Use "
-                "activation_checkpoint.selective_ac_option='op', compile.enable=false, or FSDP2"
+                f"simple_fsdp: block {fqn!r} is compiled and checkpointed without a selective policy: {refusal} "
+                "(AssertionError: expected all tensors_saved_with_vc_check to be Tensors ... DeviceMesh). "
+                "Checkpoint it per op (apply_ac's selective_option='op'), do not compile it, or use FSDP2"
             )
 
 

@@ -27,6 +27,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate
 from torch.utils.checkpoint import checkpoint
 
+from titan_parallel.options.option_names import named
+
 IGNORE_INDEX = -100
 """Labels equal to this add nothing to the loss (F.cross_entropy's default)."""
 
@@ -96,6 +98,18 @@ def _replicated(hidden: torch.Tensor, weight: DTensor) -> DTensor:
     return DTensor.from_local(hidden, mesh, placements, run_check=False)
 
 
+def check_loss_chunking(chunk_tokens: int, head_fqn: str | None) -> None:
+    """Whether the loss can be chunked `chunk_tokens` tokens at a time (0: the plain loss): only over an
+    output head the model's plan declares."""
+    if chunk_tokens < 0:
+        raise ValueError(f"{named('loss_chunk_tokens')}={chunk_tokens} must be >= 0 (0: the plain loss)")
+    if chunk_tokens and not head_fqn:
+        raise ValueError(
+            f"{named('loss_chunk_tokens')}={chunk_tokens} needs the model plan to declare its output head "
+            f"(head_fqn); this model's plan declares none: use {named('loss_chunk_tokens')}=0"
+        )
+
+
 class HeadLoss:
     """The loss of a model's output, as the layout asks: `loss_fn(logits, labels)`, or with `chunk_tokens` > 0
     the chunked cross entropy of the head's input, the model having run inside `bypass()`.
@@ -105,13 +119,7 @@ class HeadLoss:
     """
 
     def __init__(self, loss_fn, chunk_tokens: int, loss_parallel: bool, head_fqn: str | None):
-        if chunk_tokens < 0:
-            raise ValueError(f"loss_chunk_tokens={chunk_tokens} must be >= 0 (0: the plain loss)")
-        if chunk_tokens and not head_fqn:
-            raise ValueError(
-                f"loss_chunk_tokens={chunk_tokens} needs the model plan to declare its output head (head_fqn); "
-                "this model's plan declares none: use loss_chunk_tokens=0"
-            )
+        check_loss_chunking(chunk_tokens, head_fqn)
         self.loss_fn, self.chunk_tokens, self.loss_parallel, self.head_fqn = (
             loss_fn, chunk_tokens, loss_parallel, head_fqn,
         )  # fmt: skip

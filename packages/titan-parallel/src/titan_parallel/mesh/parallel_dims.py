@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from titan_parallel.options.option_names import named
+
 # Outermost first: pipeline stages talk least often, tensor parallel most (keep it within a node).
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 # Flattened views other code needs: data parallel (different data), FSDP sharding (dp_shard x cp: CP ranks
@@ -29,22 +31,24 @@ class ParallelDims:
     def __post_init__(self):
         for name in ("dp_replicate", "cp", "tp", "pp"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+                raise ValueError(f"{named(name)}={getattr(self, name)} must be >= 1")
         others = self.dp_replicate * self.cp * self.tp * self.pp
         if self.dp_shard == -1:
             if self.world_size % others:
                 raise ValueError(
-                    f"world size {self.world_size} is not divisible by dp_replicate={self.dp_replicate} x "
-                    f"cp={self.cp} x tp={self.tp} x pp={self.pp} = {others}, so dp_shard=-1 has no whole value"
+                    f"world size {self.world_size} is not divisible by {named('dp_replicate')}={self.dp_replicate} x "
+                    f"{named('cp')}={self.cp} x {named('tp')}={self.tp} x {named('pp')}={self.pp} = {others}, so "
+                    f"{named('dp_shard')}=-1 has no whole value"
                 )
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
-            raise ValueError(f"dp_shard={self.dp_shard} must be >= 1, or -1 for the rest of the world")
+            raise ValueError(f"{named('dp_shard')}={self.dp_shard} must be >= 1, or -1 for the rest of the world")
         product = others * self.dp_shard
         if product != self.world_size:
             raise ValueError(
-                f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x cp={self.cp} x tp={self.tp} x "
-                f"pp={self.pp} = {product}, but the world size is {self.world_size}; the product must equal it"
+                f"{named('dp_replicate')}={self.dp_replicate} x {named('dp_shard')}={self.dp_shard} x "
+                f"{named('cp')}={self.cp} x {named('tp')}={self.tp} x {named('pp')}={self.pp} = {product}, but the "
+                f"world size is {self.world_size}; the product must equal it"
             )
 
     def degree(self, name: str) -> int:

@@ -201,7 +201,7 @@ class ParallelModel:
         head_loss: HeadLoss | None = None,
         token_kwargs: TokenKwargs | None = None,
     ):
-        self.parts, self.layout, self.loss_fn = parts, layout, loss_fn
+        self.parts, self.layout = parts, layout
         # The training loss: loss_fn, or the chunked head + cross entropy (chunked_loss.py).
         self._head_loss = head_loss or HeadLoss(loss_fn, 0, layout.loss_parallel, None)
         self._block_fqns = list(block_fqns)
@@ -229,10 +229,6 @@ class ParallelModel:
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.parts:
             yield from part.parameters()
-
-    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        for part in self.parts:
-            yield from part.named_parameters()
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """Forward and backward of one local batch; gradients accumulate. Returns the loss x `scale`, detached

@@ -1,7 +1,7 @@
 """Pipeline parallelism, the plan: how many stages, which blocks each holds, how many micro-batches, which
 stages a rank runs. Every check is here and needs no process group, so a trainer runs it with its config
-validation (`plan_pipeline`), long before building anything. Errors speak in these functions' parameter
-names (`schedule=`, `pp_degree=`, ...); a trainer maps them to its own config keys.
+validation (`plan_pipeline`), long before building anything. Errors name these functions' parameters
+(`schedule=`, `pp_degree=`, ...), or what a caller calls them (options/option_names.py).
 """
 
 import math
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from torch.distributed.pipelining.schedules import get_schedule_class
 
+from titan_parallel.options.option_names import named
 from titan_parallel.pp.pipeline_split import split_blocks
 
 # Name -> stage placement: "single" (one stage per rank), "loop" (stages r, r + pp, ... on rank r) or "v"
@@ -31,7 +32,7 @@ def schedule_name(name: str) -> str:
     for known in SCHEDULES:
         if known.lower() == name.lower():
             return known
-    raise ValueError(f"schedule={name!r} is unknown; use one of {', '.join(SCHEDULES)}")
+    raise ValueError(f"{named('schedule')}={name!r} is unknown; use one of {', '.join(SCHEDULES)}")
 
 
 def schedule_class(name: str) -> type:
@@ -59,10 +60,10 @@ def resolve_num_stages(
     style = SCHEDULES[name]
     if layers_per_stage is not None:
         if layers_per_stage < 1:
-            raise ValueError(f"layers_per_stage={layers_per_stage} must be >= 1")
+            raise ValueError(f"{named('layers_per_stage')}={layers_per_stage} must be >= 1")
         num_stages = math.ceil((n_blocks + input_weight + output_weight) / layers_per_stage)
         source = (
-            f"layers_per_stage={layers_per_stage} makes {num_stages} stages "
+            f"{named('layers_per_stage')}={layers_per_stage} makes {num_stages} stages "
             f"(({n_blocks} blocks + {input_weight} + {output_weight}) / {layers_per_stage}, rounded up)"
         )
     elif num_stages is not None:
@@ -72,18 +73,18 @@ def resolve_num_stages(
         source = f"{num_stages} stages"
     per_rank, rest = divmod(num_stages, pp_degree)
     if rest or per_rank < 1:
-        raise ValueError(f"{source}: not a multiple of pp_degree={pp_degree}")
+        raise ValueError(f"{source}: not a multiple of {named('pp_degree')}={pp_degree}")
     wanted = {"single": 1, "v": 2}.get(style)
     if wanted is not None and per_rank != wanted:
         raise ValueError(
-            f"{source}, {per_rank} per rank, but schedule={name!r} runs exactly "
+            f"{source}, {per_rank} per rank, but {named('schedule')}={name!r} runs exactly "
             f"{wanted} per rank ({wanted * pp_degree} stages); "
             + ("use Interleaved1F1B for more" if wanted == 1 else "use Interleaved1F1B for other counts")
         )
     if n_blocks < num_stages:
         raise ValueError(
             f"{source} but the model has {n_blocks} blocks; each stage needs at least one: lower "
-            f"pp_degree={pp_degree} or the stages per rank"
+            f"{named('pp_degree')}={pp_degree} or the stages per rank"
         )
     return num_stages
 
@@ -95,14 +96,15 @@ def check_schedule_support(schedule: str, *, compiled: bool = False, op_level_ac
     name = schedule_name(schedule)
     if name not in ZERO_BUBBLE:
         return
-    split = f"schedule={name!r} splits backward into input and weight parts"
+    split = f"{named('schedule')}={name!r} splits backward into input and weight parts"
     if compiled:
-        raise ValueError(f"{split}, which compiled blocks do not support; set compiled=False or use 1F1B / "
-                         "Interleaved1F1B")  # fmt: skip
+        raise ValueError(
+            f"{split}, which compiled blocks do not support; turn off {named('compiled')} or use 1F1B / Interleaved1F1B"
+        )
     if op_level_ac:
         raise ValueError(
-            f"{split}, two backward passes, but per-op selective activation checkpointing allows one; use "
-            "op_level_ac=False (checkpoint whole blocks), or 1F1B / Interleaved1F1B"
+            f"{split}, two backward passes, but per-op selective activation checkpointing ({named('op_level_ac')}) "
+            "allows one; checkpoint whole blocks instead, or use 1F1B / Interleaved1F1B"
         )
 
 
@@ -121,23 +123,24 @@ def check_microbatches(
     if mbs < 1 or lbs % mbs:
         sizes = [d for d in range(1, lbs + 1) if lbs % d == 0]
         raise ValueError(
-            f"local_batch_size={lbs} is not divisible by microbatch_size={mbs}; use a microbatch size in {sizes}"
+            f"{named('local_batch_size')}={lbs} is not divisible by {named('microbatch_size')}={mbs}; use a "
+            f"microbatch size in {sizes}"
         )
     n = lbs // mbs
     name = schedule_name(schedule)
-    split = f"local_batch_size={lbs} / microbatch_size={mbs} = {n}"
+    split = f"{named('local_batch_size')}={lbs} / {named('microbatch_size')}={mbs} = {n}"
     need = {"1F1B": pp_degree, "DualPipeV": num_stages}.get(name, 1)
     if n < need:
         raise ValueError(
-            f"schedule={name!r} needs at least {need} microbatches (one per "
+            f"{named('schedule')}={name!r} needs at least {need} microbatches (one per "
             f"{'rank' if name == '1F1B' else 'stage'}) but {split}; use a local batch of at least "
             f"{need * mbs} or a microbatch size of at most {lbs // need}"
         )
     rounds = max(1, n // pp_degree)
     if name in ("Interleaved1F1B", "InterleavedZeroBubble") and n % rounds:
         raise ValueError(
-            f"schedule={name!r} runs microbatches in rounds of about "
-            f"pp_degree={pp_degree} ({rounds} rounds), which must divide them, but "
+            f"{named('schedule')}={name!r} runs microbatches in rounds of about "
+            f"{named('pp_degree')}={pp_degree} ({rounds} rounds), which must divide them, but "
             f"{split}; use a multiple of {pp_degree} microbatches"
         )
     return n
@@ -188,7 +191,7 @@ def plan_pipeline(
     support neither). A ValueError names the parameter to change and what would work.
     """
     if stage_blocks is not None and layers_per_stage is not None:
-        raise ValueError("stage_blocks and layers_per_stage both set the stages; set only one")
+        raise ValueError(f"{named('stage_blocks')} and {named('layers_per_stage')} both set the stages; set only one")
     num_stages = resolve_num_stages(
         schedule,
         pp_degree,

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
+from titan_parallel.options.option_names import named
+
 
 def split_blocks(
     block_fqns: list[str],
@@ -33,8 +35,8 @@ def split_blocks(
         raise ValueError(f"the number of pipeline stages must be >= 1, got {num_stages}")
     if n < num_stages:
         raise ValueError(
-            f"the model has {n} blocks but the pipeline has {num_stages} stages (pp_degree x stages per rank); "
-            f"each stage needs at least one block: use at most {n} stages"
+            f"the model has {n} blocks but the pipeline has {num_stages} stages ({named('pp_degree')} x stages per "
+            f"rank); each stage needs at least one block: use at most {n} stages"
         )
     if stage_blocks is not None:
         _check_explicit(block_fqns, num_stages, stage_blocks)
@@ -57,7 +59,7 @@ def split_blocks(
 
 
 def _check_explicit(block_fqns: list[str], num_stages: int, stage_blocks: list[list[str]]) -> None:
-    field = "stage_blocks"
+    field = named("stage_blocks")
     if len(stage_blocks) != num_stages:
         raise ValueError(f"{field} lists {len(stage_blocks)} stages but the pipeline has {num_stages}")
     empty = [i for i, stage in enumerate(stage_blocks) if not stage]

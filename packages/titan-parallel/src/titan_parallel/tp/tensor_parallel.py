@@ -14,18 +14,21 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, parallelize_module
 
+from titan_parallel.options.option_names import named
 from titan_parallel.tp.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
 from titan_parallel.tp.channel_parallel import ChannelParallel
 
 
-def check_tp_degree(tp: int, divisible: dict[str, int]) -> None:
-    """Raise ValueError unless `tp` divides every size in `divisible` ({"model.n_heads": 16, ...})."""
+def check_tp_degree(tp: int, divisible: dict[str, int], sizes_of: str | None = None) -> None:
+    """Raise ValueError unless `tp` divides every size in `divisible` ({"n_heads": 16, ...}); `sizes_of`
+    says where the sizes come from (e.g. "model.flavor='debug'")."""
     for name, size in divisible.items():
         if size % tp:
             common = math.gcd(*divisible.values())
             options = [d for d in range(1, common + 1) if common % d == 0]
             listed = ", ".join(str(d) for d in options[:-1]) + (" or " if len(options) > 1 else "") + str(options[-1])
-            raise ValueError(f"parallelism.tensor_parallel_degree={tp} does not divide {name}={size}; use {listed}")
+            source = f" ({sizes_of})" if sizes_of else ""
+            raise ValueError(f"{named('tp')}={tp} does not divide {name}={size}{source}; use {listed}")
 
 
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_tp: str | None = None) -> nn.Module:

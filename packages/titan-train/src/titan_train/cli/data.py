@@ -64,13 +64,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _source(spec: str, text_field: str):
     from titan_train.data import check_dataset, resolve_dataset
+    from titan_train.data.dataset_keys import DatasetKeys
 
     builtin = spec == "kjv" or spec.startswith("hf:")
     try:
-        source = resolve_dataset(spec, "", text_field) if builtin else resolve_dataset("text", spec, text_field)
+        keys = DatasetKeys("INPUT", "INPUT", "--text-field")
+        source = (
+            resolve_dataset(spec, "", text_field, keys=keys)
+            if builtin
+            else resolve_dataset("text", spec, text_field, keys=keys)
+        )
         check_dataset(source)
     except (ValueError, ImportError) as e:
-        raise UsageError(str(e).replace("training.dataset_path=", "INPUT=")) from None
+        raise UsageError(str(e)) from None
     return source
 
 

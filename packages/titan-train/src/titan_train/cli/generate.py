@@ -135,6 +135,7 @@ def run(argv: list[str]) -> str | None:
     from titan_models import get_model_spec
     from titan_models.generate import STRATEGIES, generate
     from titan_parallel import device_type
+    from titan_train.config.model_args import model_args
     from titan_train.data.tokenizer import load_tokenizer
 
     options, rest = split_argv(argv)
@@ -151,9 +152,7 @@ def run(argv: list[str]) -> str | None:
     if rest or Path(options.checkpoint).expanduser().is_file():  # a recipe names the model (a .pt needs one)
         config = load_config(parse_argv(rest))
         tokenizer = load_tokenizer(config.model.tokenizer_path or None)
-        spec = get_model_spec(config.model.name)
-        args = spec.args_for(config.model.flavor)
-        args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))  # as trained
+        spec, args = get_model_spec(config.model.name), model_args(config)  # as trained
         with torch.device("meta"):
             model = spec.model_cls(args)
         model.to_empty(device=device)
@@ -184,7 +183,8 @@ def run(argv: list[str]) -> str | None:
         sys.stdout.write("\n")
     seconds = time.perf_counter() - start
     n_tokens = sum(len(row) for row in rows)
-    decoding = options.strategy if name == "hyena" else "kv cache"
+    decoding = get_model_spec(name).decoding  # a long convolution decodes by the strategy asked for
+    decoding = options.strategy if decoding == "long convolution" else decoding
     print(
         f"[titan-generate] {source}: "
         f"{n_tokens} tokens for {len(prompts)} prompt(s) in {seconds:.2f}s ({n_tokens / seconds:.1f} tokens/s, "

@@ -8,7 +8,9 @@ import os
 import sys
 
 from titan_train.cli.command import EXIT_OK, run_command, version_line
-from titan_train.config import ConfigError, help_text, load_config, parse_argv, to_toml
+from titan_train.cli.dry_run_options import HELP as DRY_RUN_HELP
+from titan_train.cli.dry_run_options import split_dry_run_options
+from titan_train.config import help_text, load_config, parse_argv, to_toml
 
 PROG = "titan-train"
 
@@ -29,9 +31,10 @@ def _setup_logging() -> None:
 
 
 def _train(argv: list[str]) -> int:
+    dry, argv = split_dry_run_options(argv)
     cmd = parse_argv(argv)
     if cmd.help:
-        print(help_text())
+        print(help_text(DRY_RUN_HELP))
         return EXIT_OK
     if cmd.version:
         print(version_line(PROG, "titan-train"))
@@ -43,24 +46,17 @@ def _train(argv: list[str]) -> int:
     from titan_train.config.parallel_layout import resolve_layout
     from titan_train.run.distributed import world_size_from_env
 
-    if cmd.world_size is not None and not cmd.dry_run:
-        raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
-    if cmd.every_pipeline_rank and not cmd.dry_run:
-        raise ConfigError("command line: --every-pipeline-rank is for --dry-run")
-    world_size = cmd.world_size if cmd.world_size is not None else world_size_from_env()
-    if cmd.dry_run:
-        from titan_train.simulate.dry_run import dry_run, resolve_dry_run_layout
+    dry.check()
+    world_size = dry.world_size if dry.world_size is not None else world_size_from_env()
+    if dry.enabled:
+        from titan_train.simulate.dry_run import dry_run
 
-        # A config refused only for torch.compile is still simulated (eager); dry_run reports the refusal.
-        layout, _ = resolve_dry_run_layout(config, world_size)
-        print(to_toml(config))
-        print(f"# layout: {layout.describe()}")
-        dry_run(config, world_size, cmd.device_memory_gib, cmd.every_pipeline_rank)
+        dry_run(config, world_size, dry.device_memory_gib, dry.every_pipeline_rank)
         return EXIT_OK
-    resolve_layout(config, world_size)
+    layout = resolve_layout(config, world_size)  # every config check, before any process group
     from titan_train.run.trainer import train
 
-    train(config)
+    train(config, layout)
     return EXIT_OK
 
 

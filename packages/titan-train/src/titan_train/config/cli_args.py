@@ -12,13 +12,6 @@ ACTIONS = {
     "--help": "show this help (every config field with its type, default and meaning) and exit",
     "--version": "print the installed titan-train version and exit",
     "--print-config": "print the resolved config as TOML and exit",
-    "--dry-run": "validate the config and the parallel layout, print both, then simulate two training steps of "
-    "each rank class on one CPU (fake process group and fake tensors) and report per-rank memory "
-    "(<dump_folder>/dry_run.json); needs no torchrun and no GPU",
-    "--world-size N": "with --dry-run: the number of ranks (GPUs) to simulate (default: torchrun's WORLD_SIZE, else 1)",
-    "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: 80)",
-    "--every-pipeline-rank": "with --dry-run: simulate each pipeline rank, not one per kind (first, middle, last: "
-    "the middle class reports its worst rank)",
 }
 
 
@@ -29,10 +22,6 @@ class CommandLine:
     help: bool = False
     version: bool = False
     print_config: bool = False
-    dry_run: bool = False
-    world_size: int | None = None
-    device_memory_gib: float = 80.0
-    every_pipeline_rank: bool = False
 
 
 def parse_argv(argv: list[str]) -> CommandLine:
@@ -51,15 +40,6 @@ def parse_argv(argv: list[str]) -> CommandLine:
         if arg == "--print-config":
             cmd.print_config = True
             continue
-        if arg == "--dry-run":
-            cmd.dry_run = True
-            continue
-        if arg == "--every-pipeline-rank":
-            cmd.every_pipeline_rank = True
-            continue
-        if arg.partition("=")[0] in ("--world-size", "--device-memory-gib"):
-            i = _parse_dry_run_option(cmd, arg, argv, i)
-            continue
         if not arg.startswith("--"):
             raise ConfigError(f"command line: unexpected argument {arg!r}; options look like --section.key value")
         name, eq, value = arg[2:].partition("=")
@@ -76,27 +56,6 @@ def parse_argv(argv: list[str]) -> CommandLine:
         else:
             cmd.overrides[name] = value
     return cmd
-
-
-def _parse_dry_run_option(cmd: CommandLine, arg: str, argv: list[str], i: int) -> int:
-    """`--world-size N` / `--device-memory-gib G` (also with `=`); returns the index after the value."""
-    name, eq, value = arg.partition("=")
-    if not eq:
-        if i >= len(argv) or argv[i].startswith("--"):
-            raise ConfigError(f"command line: {name} needs a value")
-        value, i = argv[i], i + 1
-    try:
-        number = int(value) if name == "--world-size" else float(value)
-    except ValueError:
-        kind = "a whole number" if name == "--world-size" else "a number"
-        raise ConfigError(f"command line: {name} {value!r} is not {kind}") from None
-    if number <= 0:
-        raise ConfigError(f"command line: {name} {value}: must be > 0")
-    if name == "--world-size":
-        cmd.world_size = number
-    else:
-        cmd.device_memory_gib = number
-    return i
 
 
 def _is_bool(dotted: str) -> bool:
@@ -131,7 +90,8 @@ exit codes: 0 done, 2 a usage or config mistake (nothing ran), 1 the run failed.
 Every run writes <job.dump_folder>/config.toml (what it ran with) and metrics.jsonl."""
 
 
-def help_text() -> str:
+def help_text(actions: dict[str, str] | None = None) -> str:
+    """Every field with its type, default and doc; `actions`: a program's own flags, beside ACTIONS."""
     lines = [
         "usage: titan-train --config RECIPE.toml [--section.key VALUE ...] [--print-config] [--dry-run]",
         "       torchrun --nproc_per_node N -m titan_train --config RECIPE.toml ...",
@@ -144,7 +104,7 @@ def help_text() -> str:
         "",
         "actions:",
         "  --config PATH         the TOML recipe",
-        *(f"  {k:<20}  {v}" for k, v in ACTIONS.items()),
+        *(f"  {k:<20}  {v}" for k, v in {**ACTIONS, **(actions or {})}.items()),
     ]
     for section, cls in sections().items():
         lines += ["", f"[{section}]"]

@@ -1,15 +1,14 @@
 """The run's layout: every decision about how the model is parallelized, resolved from the config and the
 world size before any process group exists, into titan_parallel's frozen `Layout`.
 
-This is the one place that knows both the config keys and the libraries: library errors speak in their own
-parameter names (`schedule=`, `pp_degree=`, `tp=`), and `_config_error` says them again in the config's keys.
-Checks that do not depend on the world size run first, so a degree that cannot fit the model is reported as
-such, not as a world-size mismatch.
+This is the one place that knows both the config keys and the libraries. titan_parallel's errors name its
+own parameters (`schedule=`, `pp_degree=`, `tp=`); `PARALLEL_OPTION_KEYS` says, as data, which config key
+sets each, and titan_parallel names the key instead (`option_names`). Checks that do not depend on the world
+size run first, so a degree that cannot fit the model is reported as such, not as a world-size mismatch.
 """
 
 import logging
 import os
-import re
 
 import torch
 
@@ -22,55 +21,58 @@ from titan_parallel import (
     Layout,
     ParallelDims,
     SimpleFSDPOptions,
+    check_loss_chunking,
     check_tp_degree,
+    compiled_block_ac_refusal,
     device_type,
+    option_names,
     plan_pipeline,
     symmetric_memory_unavailable,
 )
-from titan_train.config import ConfigError, JobConfig
+from titan_train.config.loader import ConfigError
+from titan_train.config.sections import JobConfig
 
 logger = logging.getLogger("titan")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-# Library parameter names -> the config keys that set them; and settings a library suggests as a whole.
-_CONFIG_KEYS = {
+# titan_parallel's parameter names -> the config settings that set them, for its error messages.
+PARALLEL_OPTION_KEYS = {
     "schedule": "parallelism.pipeline_parallel_schedule",
     "pp_degree": "parallelism.pipeline_parallel_degree",
     "layers_per_stage": "parallelism.pipeline_parallel_layers_per_stage",
     "stage_blocks": "parallelism.pipeline_parallel_stage_blocks",
     "local_batch_size": "training.local_batch_size",
     "microbatch_size": "parallelism.pipeline_parallel_microbatch_size",
+    "compiled": "compile.enable",
+    "op_level_ac": "activation_checkpoint.selective_ac_option='op'",
     "mode": "activation_checkpoint.mode",
     "selective_option": "activation_checkpoint.selective_ac_option",
+    "loss_chunk_tokens": "training.loss_chunk_tokens",
     "dp_replicate": "parallelism.data_parallel_replicate_degree",
     "dp_shard": "parallelism.data_parallel_shard_degree",
     "cp": "parallelism.context_parallel_degree",
     "tp": "parallelism.tensor_parallel_degree",
     "pp": "parallelism.pipeline_parallel_degree",
 }
-_SETTINGS = {
-    "compiled=False": "compile.enable=false",
-    "op_level_ac=False": "activation_checkpoint.mode='full' or a selective every-N option",
-}
-
-
-def _config_error(error: ValueError) -> ConfigError:
-    """The library's message in the config's words: its parameter names replaced by the config keys."""
-    message = str(error)
-    for setting, config_setting in _SETTINGS.items():
-        message = message.replace(setting, config_setting)
-
-    def key(match: re.Match) -> str:
-        name, assigned = match.group(1), match.group(2)
-        # A one-word name ("schedule") is a parameter only where a value is assigned to it; elsewhere prose.
-        return _CONFIG_KEYS[name] + assigned if assigned or "_" in name else match.group(0)
-
-    names = "|".join(_CONFIG_KEYS)
-    return ConfigError(re.sub(rf"(?<![\w.])({names})(?![\w.])(=?)", key, message))
 
 
 def resolve_layout(config: JobConfig, world_size: int) -> Layout:
+    """The layout this config runs with on `world_size` processes; a ConfigError naming the key otherwise."""
+    try:
+        with option_names(PARALLEL_OPTION_KEYS):
+            return _resolve(config, world_size)
+    except ConfigError:
+        raise
+    except ValueError as e:  # titan_parallel's, already in the config's keys
+        raise ConfigError(str(e)) from None
+
+
+def tokens_per_step(config: JobConfig, layout: Layout) -> int:
+    """Tokens of one optimizer step over all data-parallel ranks (the global batch x seq_len)."""
+    t = config.training
+    return layout.accumulation_steps * t.local_batch_size * layout.dims.dp * t.seq_len
+
+
+def _resolve(config: JobConfig, world_size: int) -> Layout:
     p, t = config.parallelism, config.training
     spec = get_model_spec(config.model.name)
     plan = spec.plan(spec.args_for(config.model.flavor))
@@ -109,12 +111,12 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
         dims=dims,
         accumulation_steps=global_batch // per_step,
         data_parallel=data_parallel,
-        param_dtype=DTYPES[t.mixed_precision_param],
-        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        param_dtype=getattr(torch, t.mixed_precision_param),
+        reduce_dtype=getattr(torch, t.mixed_precision_reduce),
         reshard_after_forward=p.fsdp_reshard_after_forward,
         simple_fsdp=_simple_fsdp_options(config, dims) if data_parallel is DataParallel.SIMPLE_FSDP else None,
         loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
-        async_tensor_parallel=_async_tensor_parallel(config, dims.tp),
+        async_tensor_parallel=_local_async_tensor_parallel(config),
         loss_chunk_tokens=t.loss_chunk_tokens,
         activation_checkpoint=ac,
         compile_backend=config.compile.backend if config.compile.enable else None,
@@ -127,19 +129,19 @@ def resolve_layout(config: JobConfig, world_size: int) -> Layout:
     )
 
 
-def _async_tensor_parallel(config: JobConfig, tp: int) -> str | None:
-    """The async TP implementation this run uses, or None; "symmetric_memory" only where it can run."""
+def choose_async_tp(config: JobConfig, device: str, gpus_per_node: int, where: str = "here") -> str | None:
+    """The async TP implementation a run of `config` uses on `gpus_per_node` GPUs of kind `device` (or None:
+    async TP off); `where` names that machine in errors. "auto" picks torch's SymmetricMemory pass where it
+    can run (compiled with inductor, the TP group within one node's GPUs), Titan's eager layers elsewhere."""
     p = config.parallelism
-    if not p.enable_async_tensor_parallel or tp == 1:
+    if not p.enable_async_tensor_parallel or p.tensor_parallel_degree == 1:
         return None
     asked = p.async_tensor_parallel_implementation
     backend = config.compile.backend if config.compile.enable else None
-    gpus = torch.cuda.device_count() if device_type() == "cuda" else 0
-    gpus = min(gpus, int(os.environ.get("LOCAL_WORLD_SIZE", gpus) or gpus))  # ranks this node runs
-    reason = symmetric_memory_unavailable(device_type(), backend, tp, gpus)
+    reason = symmetric_memory_unavailable(device, backend, p.tensor_parallel_degree, gpus_per_node)
     if asked == "symmetric_memory" and reason is not None:
         raise ConfigError(
-            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run here: {reason} "
+            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run {where}: {reason} "
             "(compile.enable=true, compile.backend='inductor', parallelism.tensor_parallel_degree at most the "
             "GPUs per node); use async_tensor_parallel_implementation='titan' or 'auto'"
         )
@@ -148,22 +150,23 @@ def _async_tensor_parallel(config: JobConfig, tp: int) -> str | None:
         logger.info(
             "async TP: Titan's implementation with compile.enable=true: each block compiles in pieces, the "
             "async layers running eagerly between them"
-            + (f" (torch's symmetric_memory cannot run here: {reason})" if asked == "auto" else "")
+            + (f" (torch's symmetric_memory cannot run {where}: {reason})" if asked == "auto" else "")
         )
     return chosen
+
+
+def _local_async_tensor_parallel(config: JobConfig) -> str | None:
+    """choose_async_tp on this machine: its device and the GPUs this node runs ranks on."""
+    gpus = torch.cuda.device_count() if device_type() == "cuda" else 0
+    gpus = min(gpus, int(os.environ.get("LOCAL_WORLD_SIZE", gpus) or gpus))
+    return choose_async_tp(config, device_type(), gpus)
 
 
 def _check_model_fit(config: JobConfig, plan) -> None:
     """The degrees that split the model or the sequence fit this model and sequence length."""
     p, model, seq_len = config.parallelism, config.model, config.training.seq_len
     cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
-    chunk = config.training.loss_chunk_tokens
-    if chunk < 0:
-        raise ConfigError(f"training.loss_chunk_tokens={chunk} must be >= 0 (0: the plain loss)")
-    if chunk and not plan.head_fqn:
-        raise ConfigError(
-            f"training.loss_chunk_tokens={chunk}: model.name={model.name!r} declares no output head to chunk; use 0"
-        )
+    check_loss_chunking(config.training.loss_chunk_tokens, plan.head_fqn)
     if cp > 1 and not plan.context_parallel:
         raise ConfigError(
             f"parallelism.context_parallel_degree={cp}: model.name={model.name!r} has no attention "
@@ -175,14 +178,7 @@ def _check_model_fit(config: JobConfig, plan) -> None:
             f"{2 * cp} (each rank holds two load-balanced chunks); use a multiple of {2 * cp}"
         )
     if tp > 1:
-        try:
-            check_tp_degree(tp, plan.tp_divisible)
-        except ValueError as e:
-            message = str(e)
-            for name, size in plan.tp_divisible.items():  # sizes of the flavor, not keys a user can set
-                short = name.removeprefix("model.")
-                message = message.replace(f"{name}={size}", f"{short}={size} (model.flavor={model.flavor!r})")
-            raise ConfigError(message) from None
+        check_tp_degree(tp, plan.tp_divisible, sizes_of=f"model.flavor={model.flavor!r}")
 
 
 def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
@@ -206,7 +202,7 @@ def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
                 f"set parallelism.data_parallel_shard_degree=-1 to shard over the rest, or launch "
                 f"{others * degrees['dp_shard']} processes"
             )
-        raise ConfigError(f"{_config_error(e)}; {fix}") from None
+        raise ConfigError(f"{e}; {fix}") from None
 
 
 def _data_parallel(config: JobConfig, dims: ParallelDims) -> DataParallel:
@@ -238,10 +234,7 @@ def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOpt
 def _ac(config: JobConfig) -> ActivationCheckpoint:
     ac, p, t = config.activation_checkpoint, config.parallelism, config.training
     if ac.mode != "auto":
-        try:
-            return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
-        except ValueError as e:
-            raise _config_error(e) from None
+        return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
     if ac.memory_budget_gib < 0 or (ac.memory_budget_gib == 0 and device_type() == "cpu"):
         raise ConfigError(
             f"activation_checkpoint.memory_budget_gib={ac.memory_budget_gib}: mode='auto' needs a budget in GiB "
@@ -249,37 +242,37 @@ def _ac(config: JobConfig) -> ActivationCheckpoint:
         )
     # The step auto traces: one micro-batch of this rank's tokens.
     sequences = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
-    compiled_dtensor_blocks = config.compile.enable and (
-        p.tensor_parallel_degree > 1 or p.fsdp_implementation == "simple_fsdp"
-    )
+    whole_blocks_refused = compiled_block_ac_refusal(config.compile.enable, _dtensor_params_cause(config) is not None)
     return ActivationCheckpoint(
         "auto",
+        str(ac.selective_ac_option),
         memory_budget_gib=ac.memory_budget_gib,
         trace_batch=(sequences, t.seq_len // p.context_parallel_degree),
-        # Whole-block checkpoints of compiled blocks fail with DTensor parameters (_check_compiled_block_ac).
-        auto_policies=("none", "op") if compiled_dtensor_blocks else ("none", "op", "full"),
+        auto_policies=("none", "op") if whole_blocks_refused else ("none", "op", "full"),
         optimizer_bytes_per_param=8,  # AdamW's exp_avg and exp_avg_sq in float32
     )
 
 
+def _dtensor_params_cause(config: JobConfig) -> str | None:
+    """What makes the blocks' parameters DTensors (tensor parallel, SimpleFSDP), in the config's words."""
+    p = config.parallelism
+    if p.tensor_parallel_degree > 1:
+        return f"tensor parallel (parallelism.tensor_parallel_degree={p.tensor_parallel_degree})"
+    if p.fsdp_implementation == "simple_fsdp":
+        return "simple_fsdp (parallelism.fsdp_implementation='simple_fsdp')"
+    return None
+
+
 def _check_compiled_block_ac(config: JobConfig, ac: ActivationCheckpoint) -> None:
-    """Compiled whole-block checkpoints fail in AOTAutograd when parameters are DTensors (it saves DTensor
-    mesh metadata for backward): tensor parallel and SimpleFSDP both make them so."""
-    if not config.compile.enable or ac.granularity is not ACGranularity.BLOCK:
-        return
-    simple = config.parallelism.fsdp_implementation == "simple_fsdp"
-    tp = config.parallelism.tensor_parallel_degree
-    if tp > 1:
-        cause = f"tensor parallel (parallelism.tensor_parallel_degree={tp})"
-    elif simple:
-        cause = "simple_fsdp (parallelism.fsdp_implementation='simple_fsdp')"
-    else:
+    cause = _dtensor_params_cause(config)
+    refusal = compiled_block_ac_refusal(config.compile.enable, cause is not None)
+    if ac.granularity is not ACGranularity.BLOCK or refusal is None:
         return
     raise ConfigError(
         f"activation_checkpoint.mode={config.activation_checkpoint.mode!r} checkpoints whole blocks, which torch "
         f"{torch.__version__} cannot compile (compile.enable=true) with the DTensor parameters of {cause}; use "
         "activation_checkpoint.mode='selective' with selective_ac_option='op', or compile.enable=false"
-        + (", or parallelism.fsdp_implementation='fsdp2'" if tp == 1 else "")
+        + (", or parallelism.fsdp_implementation='fsdp2'" if config.parallelism.tensor_parallel_degree == 1 else "")
     )
 
 
@@ -302,17 +295,14 @@ def _check_simple_fsdp(config: JobConfig) -> None:
 
 def _pipeline_plan(config: JobConfig, pp: int, block_fqns: list[str], ac: ActivationCheckpoint):
     p = config.parallelism
-    try:
-        return plan_pipeline(
-            p.pipeline_parallel_schedule,
-            pp,
-            block_fqns,
-            config.training.local_batch_size,
-            p.pipeline_parallel_microbatch_size,
-            layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
-            stage_blocks=[entry.split() for entry in p.pipeline_parallel_stage_blocks] or None,
-            compiled=config.compile.enable,
-            op_level_ac=ac.granularity is ACGranularity.OP or "op" in (ac.auto_policies if ac.mode == "auto" else ()),
-        )
-    except ValueError as e:
-        raise _config_error(e) from None
+    return plan_pipeline(
+        p.pipeline_parallel_schedule,
+        pp,
+        block_fqns,
+        config.training.local_batch_size,
+        p.pipeline_parallel_microbatch_size,
+        layers_per_stage=p.pipeline_parallel_layers_per_stage or None,
+        stage_blocks=[entry.split() for entry in p.pipeline_parallel_stage_blocks] or None,
+        compiled=config.compile.enable,
+        op_level_ac=ac.granularity is ACGranularity.OP or "op" in (ac.auto_policies if ac.mode == "auto" else ()),
+    )

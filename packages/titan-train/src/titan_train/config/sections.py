@@ -176,7 +176,7 @@ class Parallelism:
 
 
 @dataclass
-class ActivationCheckpoint:
+class ActivationCheckpointConfig:
     mode: Literal["none", "selective", "full", "auto"] = "none"
     """Recompute activations in backward instead of keeping them: none, selective, full (every block), or
     auto (per block the least recompute whose predicted peak fits memory_budget_gib)."""
@@ -303,7 +303,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
-    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    activation_checkpoint: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     float8: Float8 = field(default_factory=Float8)

@@ -78,13 +78,15 @@ def validate(config: JobConfig) -> None:
         )
     _validate_model(config)
     _validate_inputs(config)
-    _validate_documents_and_validation(config)
+    _validate_document_masking(config)
+    _validate_validation(config)
 
 
 def _validate_switched_off_values(config: JobConfig) -> None:
     """Values of features that are off are checked too: a typo is a typo, and it would surface only on the day
     the feature is turned on, far from where it was written."""
-    from titan_parallel import SCHEDULES, ActivationCheckpoint
+    from titan_parallel import SCHEDULES, check_ac_options, option_names
+    from titan_train.config.parallel_layout import PARALLEL_OPTION_KEYS
 
     schedule = config.parallelism.pipeline_parallel_schedule
     if schedule.lower() not in {name.lower() for name in SCHEDULES}:
@@ -92,14 +94,11 @@ def _validate_switched_off_values(config: JobConfig) -> None:
             f"parallelism.pipeline_parallel_schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}"
             f"{did_you_mean(schedule, SCHEDULES)}"
         )
-    option = str(config.activation_checkpoint.selective_ac_option)
     try:
-        ActivationCheckpoint("selective", option)
-    except ValueError:
-        raise ConfigError(
-            f"activation_checkpoint.selective_ac_option={option!r} is not supported; use 'op' (per-op selective "
-            "AC) or a positive integer N as a string (checkpoint every N-th block)"
-        ) from None
+        with option_names(PARALLEL_OPTION_KEYS):
+            check_ac_options(config.activation_checkpoint.mode, str(config.activation_checkpoint.selective_ac_option))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _validate_model(config: JobConfig) -> None:
@@ -119,7 +118,9 @@ def _validate_inputs(config: JobConfig) -> None:
     """The dataset and tokenizer exist; the first record of each data file is read (data/checks.py)."""
     from pathlib import Path
 
+    from titan_models import get_model_spec
     from titan_train.data import check_dataset, resolve_dataset
+    from titan_train.data.tokenizer import load_tokenizer
 
     t = config.training
     path = config.model.tokenizer_path
@@ -132,11 +133,76 @@ def _validate_inputs(config: JobConfig) -> None:
         check_dataset(resolve_dataset(t.dataset, t.dataset_path, t.dataset_text_field, t.dataset_mixture), path)
     except (ValueError, ImportError) as e:
         raise ConfigError(str(e)) from None
+    vocab = get_model_spec(config.model.name).args_for(config.model.flavor).vocab_size
+    tokens = load_tokenizer(path or None).vocab_size
+    if tokens > vocab:
+        raise ConfigError(
+            f"the tokenizer has {tokens} tokens but model.flavor={config.model.flavor!r} has vocab_size={vocab}; "
+            "use a flavor with a larger vocabulary or a smaller tokenizer (model.tokenizer_path)"
+        )
 
 
-def _validate_documents_and_validation(config: JobConfig) -> None:
-    from titan_train.data.documents import check_document_masking
-    from titan_train.run.validation import check_validation
+def _validate_document_masking(config: JobConfig) -> None:
+    """Refuse, before anything is built, what cannot carry document masking."""
+    from titan_models import get_model_spec
 
-    check_document_masking(config)
-    check_validation(config)
+    m, p = config.model, config.parallelism
+    if m.attention_mask == "causal" and m.positions == "sequence":
+        return
+    spec = get_model_spec(m.name)
+    if not spec.plan(spec.args_for(m.flavor)).document_masking:
+        raise ConfigError(
+            f"model.attention_mask={m.attention_mask!r} / model.positions={m.positions!r}: model.name={m.name!r} "
+            "takes no document ids or per-document positions; use model.attention_mask='causal' and "
+            "model.positions='sequence'"
+        )
+    torch_ring = p.context_parallel_degree > 1 and p.context_parallel_implementation == "torch"
+    if m.attention_mask == "block_causal" and torch_ring:
+        raise ConfigError(
+            "model.attention_mask='block_causal' with context parallelism needs "
+            "parallelism.context_parallel_implementation='titan' (torch's ring takes no document mask)"
+        )
+
+
+def _validate_validation(config: JobConfig) -> None:
+    """Refuse a `[validation]` that cannot run, before anything is built (checked even when off: a typo is
+    a typo)."""
+    v, t, p = config.validation, config.training, config.parallelism
+    if v.freq < 1:
+        raise ConfigError(f"validation.freq={v.freq} must be >= 1 (steps between evaluations)")
+    if v.steps == 0 or v.steps < -1:
+        raise ConfigError(f"validation.steps={v.steps} must be >= 1, or -1 for the whole dataset once")
+    for key in ("local_batch_size", "seq_len"):
+        value = getattr(v, key)
+        if value == 0 or value < -1:
+            raise ConfigError(f"validation.{key}={value} must be >= 1, or -1 for training.{key}")
+    if not v.enable:
+        return
+    if p.pipeline_parallel_degree > 1:
+        from titan_parallel import SCHEDULES
+
+        schedule = next((s for s in SCHEDULES if s.lower() == p.pipeline_parallel_schedule.lower()), None)
+        if schedule is not None and SCHEDULES[schedule] == "v":
+            forward_only = ", ".join(s for s, shape in SCHEDULES.items() if shape != "v")
+            raise ConfigError(
+                f"validation.enable=true with parallelism.pipeline_parallel_schedule={schedule!r}: torch 2.13 has "
+                f"no forward-only pass for V-shaped schedules; use one of {forward_only}, or validation.enable=false"
+            )
+    if p.pipeline_parallel_degree > 1 and v.local_batch_size not in (-1, t.local_batch_size):
+        raise ConfigError(
+            f"validation.local_batch_size={v.local_batch_size} differs from training.local_batch_size="
+            f"{t.local_batch_size}; with pipeline parallelism the schedule's micro-batches are fixed: set it to -1"
+        )
+    if p.context_parallel_degree > 1 and v.seq_len not in (-1, t.seq_len):
+        raise ConfigError(
+            f"validation.seq_len={v.seq_len} differs from training.seq_len={t.seq_len}; with context "
+            "parallelism each rank's positions are fixed: set it to -1"
+        )
+    from titan_train.data import resolve_dataset
+    from titan_train.data.dataset_keys import DatasetKeys
+
+    try:
+        keys = DatasetKeys("validation.dataset", "validation.dataset_path", "training.dataset_text_field")
+        resolve_dataset(v.dataset, v.dataset_path, t.dataset_text_field, keys=keys)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"validation: {e}") from None

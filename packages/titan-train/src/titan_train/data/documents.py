@@ -14,9 +14,6 @@ from collections.abc import Callable
 
 import torch
 
-from titan_train.config.loader import ConfigError
-from titan_train.config.sections import JobConfig
-
 
 def document_ids(inputs: torch.Tensor, bos_id: int) -> torch.Tensor:
     """[B, S] document index of each token, counted from 0 per row: +1 at every BOS (except at position 0)."""
@@ -33,11 +30,14 @@ def document_positions(ids: torch.Tensor) -> torch.Tensor:
     return index - torch.where(starts, index, 0).cummax(dim=1).values
 
 
-def document_kwargs(config: JobConfig, bos_id: int) -> Callable[[torch.Tensor], dict[str, torch.Tensor]] | None:
-    """The per-token model arguments `model.attention_mask` / `model.positions` ask for (titan_parallel's
-    TokenKwargs), or None for plain causal attention on sequence positions."""
-    block_causal = config.model.attention_mask == "block_causal"
-    per_document = config.model.positions == "document"
+def document_kwargs(
+    attention_mask: str, positions: str, bos_id: int
+) -> Callable[[torch.Tensor], dict[str, torch.Tensor]] | None:
+    """The per-token model arguments `model.attention_mask` ("causal" | "block_causal") and `model.positions`
+    ("sequence" | "document") ask for (titan_parallel's TokenKwargs), or None for plain causal attention on
+    sequence positions."""
+    block_causal = attention_mask == "block_causal"
+    per_document = positions == "document"
     if not (block_causal or per_document):
         return None
 
@@ -49,21 +49,3 @@ def document_kwargs(config: JobConfig, bos_id: int) -> Callable[[torch.Tensor], 
         return found
 
     return kwargs
-
-
-def check_document_masking(config: JobConfig) -> None:
-    """Refuse, before anything is built, what cannot carry document masking."""
-    m, p = config.model, config.parallelism
-    if m.attention_mask == "causal" and m.positions == "sequence":
-        return
-    if m.name != "llama3":
-        raise ConfigError(
-            f"model.attention_mask={m.attention_mask!r} / model.positions={m.positions!r} are implemented for "
-            f"model.name='llama3', not {m.name!r}; use model.attention_mask='causal' and model.positions='sequence'"
-        )
-    torch_ring = p.context_parallel_degree > 1 and p.context_parallel_implementation == "torch"
-    if m.attention_mask == "block_causal" and torch_ring:
-        raise ConfigError(
-            "model.attention_mask='block_causal' with context parallelism needs "
-            "parallelism.context_parallel_implementation='titan' (torch's ring takes no document mask)"
-        )

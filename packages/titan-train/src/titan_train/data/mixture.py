@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from titan_train.data.dataset_keys import DatasetKeys
+
 PERIOD = 1 << 16
 KEYS = ("path", "weight", "dataset", "text_field")
 
@@ -109,13 +111,7 @@ def parse_mixture(
         for name, value in (("dataset", dataset), ("path", path), ("text_field", field)):
             if not isinstance(value, str):
                 raise ValueError(f"{key}.{name}={value!r} must be a string")
-        try:
-            sources.append(resolve(dataset, path, field))
-        except ValueError as e:
-            message = (
-                str(e).replace("training.dataset_path", f"{key}.path").replace("training.dataset=", f"{key}.dataset=")
-            )
-            raise ValueError(message) from None
+        sources.append(resolve(dataset, path, field, DatasetKeys(f"{key}.dataset", f"{key}.path", f"{key}.text_field")))
         weights.append(float(weight))
     if not entries:
         raise ValueError("training.dataset_mixture is empty")

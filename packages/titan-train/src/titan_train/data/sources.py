@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from titan_train.data.dataset_keys import TRAINING_KEYS, DatasetKeys
 from titan_train.data.files import SUFFIXES, LocalFiles, is_supported, missing_package
 from titan_train.data.hf import INSTALL_HINT, HuggingFaceSource, datasets_installed
 from titan_train.data.mixture import Mixture, parse_mixture
@@ -73,11 +74,12 @@ def resolve_dataset(
     dataset_path: str | None = None,
     text_field: str = "text",
     mixture: list[dict] | None = None,
+    keys: DatasetKeys = TRAINING_KEYS,
 ) -> DocumentSource:
     """Check `training.dataset` / `dataset_path` / `dataset_text_field` / `dataset_mixture` and return the
     source. Cheap: opens no data (see check_dataset)."""
     if not isinstance(text_field, str) or not text_field:
-        raise ValueError(f"training.dataset_text_field={text_field!r} must name the field holding the text")
+        raise ValueError(f"{keys.text_field}={text_field!r} must name the field holding the text")
     if mixture:
         if dataset_path or (dataset or DEFAULT_DATASET) != DEFAULT_DATASET:
             raise ValueError(
@@ -85,58 +87,60 @@ def resolve_dataset(
                 f"{dataset_path!r}; the mixture names its own sources: leave those two unset"
             )
         return Mixture(*parse_mixture(mixture, _resolve_one, text_field))
-    return _resolve_one(dataset or DEFAULT_DATASET, dataset_path, text_field)
+    return _resolve_one(dataset or DEFAULT_DATASET, dataset_path, text_field, keys)
 
 
-def _resolve_one(dataset: str, dataset_path: str | None, text_field: str) -> DocumentSource:
+def _resolve_one(
+    dataset: str, dataset_path: str | None, text_field: str, keys: DatasetKeys = TRAINING_KEYS
+) -> DocumentSource:
     if dataset == "kjv":
         if dataset_path:
             raise ValueError(
-                f"training.dataset_path={dataset_path!r} is set but training.dataset='kjv' "
-                f"is the embedded corpus and takes no path; set training.dataset='text' "
+                f"{keys.path}={dataset_path!r} is set but {keys.dataset}='kjv' "
+                f"is the embedded corpus and takes no path; set {keys.dataset}='text' "
                 f"to train on your files"
             )
         return EmbeddedCorpus()
     if dataset == "kjv_validation" and not dataset_path:
         return EmbeddedCorpus("validation")
     if dataset == "text":
-        return _local_files(dataset_path, text_field)
+        return _local_files(dataset_path, text_field, keys)
     if dataset.startswith("hf:"):
         name, _, config = dataset[len("hf:") :].partition(":")
         if not name:
-            raise ValueError(f"training.dataset={dataset!r} names no dataset; write hf:<name>, e.g. hf:allenai/c4:en")
+            raise ValueError(f"{keys.dataset}={dataset!r} names no dataset; write hf:<name>, e.g. hf:allenai/c4:en")
         if not datasets_installed():
             raise ImportError(
-                f"training.dataset={dataset!r} needs the Hugging Face `datasets` package, "
+                f"{keys.dataset}={dataset!r} needs the Hugging Face `datasets` package, "
                 f"which is not installed: {INSTALL_HINT}"
             )
         return HuggingFaceSource(name, config or None, dataset_path or None, text_field)
-    raise ValueError(f"training.dataset={dataset!r} is not a known dataset; use {_CHOICES}")
+    raise ValueError(f"{keys.dataset}={dataset!r} is not a known dataset; use {_CHOICES}")
 
 
-def _local_files(dataset_path: str | None, text_field: str) -> DocumentSource:
+def _local_files(dataset_path: str | None, text_field: str, keys: DatasetKeys) -> DocumentSource:
     if not dataset_path:
         raise ValueError(
-            "training.dataset='text' needs training.dataset_path: a .txt, .jsonl or .parquet file (.gz/.zst "
+            f"{keys.dataset}='text' needs {keys.path}: a .txt, .jsonl or .parquet file (.gz/.zst "
             "compressed), a folder of them, or a folder written by `titan-data tokenize`"
         )
     path = Path(dataset_path).expanduser()
     if not path.exists():
-        raise ValueError(f"training.dataset_path={dataset_path!r} does not exist")
+        raise ValueError(f"{keys.path}={dataset_path!r} does not exist")
     if is_token_folder(path):
         try:
             return TokenFolder(path)
         except ValueError as e:
-            raise ValueError(f"training.dataset_path={dataset_path!r}: {e}") from None
+            raise ValueError(f"{keys.path}={dataset_path!r}: {e}") from None
     if path.is_file() and not is_supported(path):
         raise ValueError(
-            f"training.dataset_path={dataset_path!r} is not a supported file; use one ending in "
+            f"{keys.path}={dataset_path!r} is not a supported file; use one ending in "
             f"{', '.join(SUFFIXES)}, or a folder of such files"
         )
     source = LocalFiles(path, text_field)
     if not source.files:
-        raise ValueError(f"training.dataset_path={dataset_path!r} is a folder with no {'/'.join(SUFFIXES)} files")
+        raise ValueError(f"{keys.path}={dataset_path!r} is a folder with no {'/'.join(SUFFIXES)} files")
     for file in source.files:
         if needed := missing_package(file):
-            raise ImportError(f"training.dataset_path={dataset_path!r}: reading {file} needs {needed[0]}: {needed[1]}")
+            raise ImportError(f"{keys.path}={dataset_path!r}: reading {file} needs {needed[0]}: {needed[1]}")
     return source

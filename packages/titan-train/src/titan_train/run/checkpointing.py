@@ -3,6 +3,9 @@
 import dataclasses
 import os
 
+from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
+
 from titan_checkpoint import (
     CheckpointManager,
     DataParallelState,
@@ -11,7 +14,9 @@ from titan_checkpoint import (
     complete_steps,
     save_seed_checkpoint,
 )
+from titan_parallel import ParallelDims
 from titan_train.config import ConfigError, JobConfig
+from titan_train.run.optim import LRSchedulers, Optimizers
 
 
 def resolve_folder(config: JobConfig, folder: str) -> str:
@@ -47,41 +52,49 @@ def model_meta(config: JobConfig, model_args) -> dict:
     }
 
 
-def build_checkpoint_manager(trainer) -> CheckpointManager | None:
-    """The manager over the trainer's states; None when checkpointing is off."""
-    config = trainer.config
+def build_checkpoint_manager(
+    config: JobConfig,
+    dims: ParallelDims,
+    model_args,
+    *,
+    model_parts: list[nn.Module],
+    optimizer: Optimizers,
+    lr_scheduler: LRSchedulers,
+    dataloader: Stateful,
+    train_state: Stateful,
+) -> CheckpointManager | None:
+    """The manager over a run's states; None when checkpointing is off. `model_args`: the model's, for the
+    fingerprint a resume is checked against; `train_state`: the step counter's owner."""
     if not config.checkpoint.enable or config.checkpoint.create_seed_checkpoint:
         return None
-    dims = trainer.dims
     states = {
         # One entry for all of this rank's pipeline stages: keys are the plain model's, whatever the layout.
-        "model": ModelState(trainer.model_parts),
-        "optimizer": OptimizerState(trainer.model_parts, trainer.optimizer.optimizers),
-        "lr_scheduler": trainer.lr_scheduler,
+        "model": ModelState(model_parts),
+        "optimizer": OptimizerState(model_parts, optimizer.optimizers),
+        "lr_scheduler": lr_scheduler,
         # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
-        "dataloader": DataParallelState(trainer.dataloader, dims.local_rank("dp"), dims.dp),
-        "train_state": trainer,
+        "dataloader": DataParallelState(dataloader, dims.local_rank("dp"), dims.dp),
+        "train_state": train_state,
     }
     layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
     return CheckpointManager(
         resolve_folder(config, config.checkpoint.folder),
         states,
         config.checkpoint,
-        fingerprint=fingerprint(config, trainer.model_args),
+        fingerprint=fingerprint(config, model_args),
         layout=layout,
-        model_meta=model_meta(config, trainer.model_args),
+        model_meta=model_meta(config, model_args),
     )
 
 
-def write_seed_checkpoint(trainer) -> str:
-    folder = resolve_folder(trainer.config, trainer.config.checkpoint.folder)
+def write_seed_checkpoint(config: JobConfig, model: nn.Module, model_args) -> str:
+    folder = resolve_folder(config, config.checkpoint.folder)
     if complete_steps(folder):
         raise ConfigError(
             f"checkpoint.create_seed_checkpoint: {folder} already holds checkpoints (steps {complete_steps(folder)}); "
             "choose another checkpoint.folder or job.dump_folder so nothing is overwritten"
         )
-    config, args = trainer.config, trainer.model_args
     seed = save_seed_checkpoint(
-        folder, trainer.model, fingerprint=fingerprint(config, args), model_meta=model_meta(config, args)
+        folder, model, fingerprint=fingerprint(config, model_args), model_meta=model_meta(config, model_args)
     )
     return str(seed)

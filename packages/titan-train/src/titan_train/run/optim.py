@@ -8,11 +8,16 @@ import torch
 from titan_train.config.sections import LRScheduler, Optimizer
 
 
+def optimizer_implementation(implementation: str, device_type: str) -> str:
+    """`optimizer.implementation` on `device_type`: "auto" is fused on CUDA-like devices (their fused
+    kernels), foreach everywhere else (the fast path there)."""
+    if implementation != "auto":
+        return implementation
+    return "fused" if device_type not in ("cpu", "meta") else "foreach"
+
+
 def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
-    impl = cfg.implementation
-    if impl == "auto":
-        # Fused kernels exist for CUDA-like devices; foreach is the fast path everywhere else.
-        impl = "fused" if device_type not in ("cpu", "meta") else "foreach"
+    impl = optimizer_implementation(cfg.implementation, device_type)
     kwargs = {"fused": impl == "fused", "foreach": impl == "foreach"}
     return torch.optim.AdamW(
         params,

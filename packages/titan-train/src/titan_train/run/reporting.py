@@ -12,6 +12,7 @@ import logging
 from titan_debug import MetricsLogger, Throughput, WandbWriter, memory_stats, mfu, peak_flops, tflops
 from titan_parallel import ParallelModel
 from titan_train.config import JobConfig, to_dict
+from titan_train.config.parallel_layout import tokens_per_step
 from titan_train.run.run_record import RunRecord
 
 logger = logging.getLogger("titan")
@@ -27,10 +28,8 @@ class StepReporter:
         t = config.training
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops(device, model.layout.param_dtype)
-        layout = model.layout
         # Tokens per device per step: ranks sharing a data-parallel rank's tokens (tp, cp, pp) split its work.
-        tokens = t.local_batch_size * t.seq_len * layout.accumulation_steps
-        self.tokens_per_step = tokens * layout.dims.dp / world_size
+        self.tokens_per_step = tokens_per_step(config, model.layout) / world_size
         tb_dir = f"{config.job.dump_folder}/tb/{config.job.name}" if config.metrics.enable_tensorboard else None
         self.metrics = MetricsLogger(
             config.job.dump_folder, rank=rank, log_ranks=config.metrics.ranks, total_steps=t.steps,

@@ -4,10 +4,10 @@ How the model is parallelized is decided once (`resolve_layout`) and owned by th
 reads the same whatever the layout.
 """
 
-import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,9 @@ from titan_debug.flight_recorder import is_comm_error
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
 from titan_parallel import build_parallel_model, format_applied
-from titan_train.config import ConfigError, JobConfig
-from titan_train.config.parallel_layout import resolve_layout
+from titan_train.config import JobConfig
+from titan_train.config.model_args import model_args
+from titan_train.config.parallel_layout import Layout, resolve_layout
 from titan_train.data import build_dataloader
 from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
@@ -54,34 +55,36 @@ class Trainer:
         env: RunEnv,
         run: RunRecord | None = None,
         *,
-        synthetic_data: bool = False,
-        optimizer_device_type: str | None = None,
+        layout: Layout | None = None,
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
-        """`synthetic_data` (the dry run): no tokenizer and no dataloader; batches of random token ids below the
-        flavor's vocabulary. `optimizer_device_type`: the device the optimizer implementation is chosen for
-        (default env.device's), e.g. "cuda" when a CPU dry run models a GPU run."""
+        """`layout`: the config's, resolved by the caller (default: resolved here). `batches`: the (inputs,
+        labels) each step reads, local batches of this rank (default: the config's dataloader; with checkpointing
+        on, batches must be Stateful as the dataloader is)."""
         self.config, self.env, self.run = config, env, run
         t = config.training
-        self.layout = resolve_layout(config, env.world_size)
+        self.layout = layout if layout is not None else resolve_layout(config, env.world_size)
         self.dims = self.layout.dims
         self.dims.build_mesh(env.device.type)
         # Same seed on every rank but pipeline stages: DTensor random ops need it the same across dp/tp/cp.
         seed_everything(t.seed, rank_offset=self.dims.local_rank("pp"), deterministic=t.deterministic)
-        self.tokenizer = None if synthetic_data else load_tokenizer(config.model.tokenizer_path or None)
-        self.spec = get_model_spec(config.model.name)
-        self.model_args = self._model_args(self.tokenizer.vocab_size if self.tokenizer else 0)
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
+        self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
-            token_kwargs=document_kwargs(config, self.tokenizer.bos_id if self.tokenizer else 0),
+            token_kwargs=document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id),
         )  # fmt: skip
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
-        self.dataloader = self._synthetic_batches() if synthetic_data else self._build_dataloader()
-        self.optimizer = Optimizers(self.model_parts, config.optimizer, optimizer_device_type or env.device.type)
+        self.dataloader = batches if batches is not None else self._build_dataloader()
+        self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.step_count = 0
-        self.checkpoint = build_checkpoint_manager(self)
+        self.checkpoint = build_checkpoint_manager(
+            config, self.dims, self.model_args, model_parts=self.model_parts, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, dataloader=self.dataloader, train_state=self,
+        )  # fmt: skip
         # Restores step_count too: the trainer is the "train_state".
         if self.checkpoint is not None and self.checkpoint.load():
             logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
@@ -112,23 +115,6 @@ class Trainer:
             accumulation_steps=self.layout.accumulation_steps,
             data_order=t.data_order,
         )
-
-    def _synthetic_batches(self):
-        t, vocab = self.config.training, self.model_args.vocab_size
-        while True:
-            tokens = torch.randint(vocab, (t.local_batch_size, t.seq_len + 1))
-            yield tokens[:, :-1], tokens[:, 1:]
-
-    def _model_args(self, vocab_needed: int):
-        cfg = self.config
-        args = self.spec.args_for(cfg.model.flavor)
-        if vocab_needed > args.vocab_size:
-            raise ConfigError(
-                f"the tokenizer has {vocab_needed} tokens but model.flavor={cfg.model.flavor!r} has vocab_size="
-                f"{args.vocab_size}; use a flavor with a larger vocabulary or a smaller tokenizer "
-                "(model.tokenizer_path)"
-            )
-        return dataclasses.replace(args, max_seq_len=max(args.max_seq_len, cfg.training.seq_len))
 
     @property
     def model_parts(self) -> list[torch.nn.Module]:
@@ -227,14 +213,15 @@ class Trainer:
         logger.info(f"exported the model in Hugging Face layout to {out}")
 
 
-def train(config: JobConfig) -> list[float]:
-    """Run the training the config describes; returns the per-step losses."""
+def train(config: JobConfig, layout: Layout | None = None) -> list[float]:
+    """Run the training the config describes (on `layout`, the config's, resolved by the caller; default:
+    resolved here); returns the per-step losses."""
     run = record_run(config)  # <dump_folder>/config.toml and run.json; refuses a resume the config would break
     env = init_distributed(config)
     try:
-        trainer = Trainer(config, env, run)
+        trainer = Trainer(config, env, run, layout=layout)
         if config.checkpoint.create_seed_checkpoint:
-            logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(trainer)}")
+            logger.info(f"wrote the seed checkpoint {write_seed_checkpoint(config, trainer.model, trainer.model_args)}")
             return []
         return trainer.train()
     except Exception as exc:

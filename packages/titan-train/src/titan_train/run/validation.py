@@ -17,52 +17,9 @@ import torch
 import torch.distributed as dist
 
 from titan_parallel import ParallelModel
-from titan_train.config.loader import ConfigError
 from titan_train.config.sections import JobConfig
 from titan_train.data import build_dataloader
 from titan_train.data.tokenizer import Tokenizer
-
-
-def check_validation(config: JobConfig) -> None:
-    """Refuse a `[validation]` that cannot run, before anything is built (checked even when off: a typo is
-    a typo)."""
-    v, t, p = config.validation, config.training, config.parallelism
-    if v.freq < 1:
-        raise ConfigError(f"validation.freq={v.freq} must be >= 1 (steps between evaluations)")
-    if v.steps == 0 or v.steps < -1:
-        raise ConfigError(f"validation.steps={v.steps} must be >= 1, or -1 for the whole dataset once")
-    for key in ("local_batch_size", "seq_len"):
-        value = getattr(v, key)
-        if value == 0 or value < -1:
-            raise ConfigError(f"validation.{key}={value} must be >= 1, or -1 for training.{key}")
-    if not v.enable:
-        return
-    if p.pipeline_parallel_degree > 1:
-        from titan_parallel import SCHEDULES
-
-        schedule = next((s for s in SCHEDULES if s.lower() == p.pipeline_parallel_schedule.lower()), None)
-        if schedule is not None and SCHEDULES[schedule] == "v":
-            forward_only = ", ".join(s for s, shape in SCHEDULES.items() if shape != "v")
-            raise ConfigError(
-                f"validation.enable=true with parallelism.pipeline_parallel_schedule={schedule!r}: torch 2.13 has "
-                f"no forward-only pass for V-shaped schedules; use one of {forward_only}, or validation.enable=false"
-            )
-    if p.pipeline_parallel_degree > 1 and v.local_batch_size not in (-1, t.local_batch_size):
-        raise ConfigError(
-            f"validation.local_batch_size={v.local_batch_size} differs from training.local_batch_size="
-            f"{t.local_batch_size}; with pipeline parallelism the schedule's micro-batches are fixed: set it to -1"
-        )
-    if p.context_parallel_degree > 1 and v.seq_len not in (-1, t.seq_len):
-        raise ConfigError(
-            f"validation.seq_len={v.seq_len} differs from training.seq_len={t.seq_len}; with context "
-            "parallelism each rank's positions are fixed: set it to -1"
-        )
-    from titan_train.data import resolve_dataset
-
-    try:
-        resolve_dataset(v.dataset, v.dataset_path, t.dataset_text_field)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"validation: {str(e).replace('training.dataset', 'validation.dataset')}") from None
 
 
 class Validator:

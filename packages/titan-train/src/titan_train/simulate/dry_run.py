@@ -22,10 +22,10 @@ import torch
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_models import get_model_spec
 from titan_parallel.model.layout import DataParallel
-from titan_parallel.tp.async_tensor_parallel import symmetric_memory_unavailable
-from titan_train.config import ConfigError, JobConfig
-from titan_train.config.parallel_layout import Layout, resolve_layout
+from titan_train.config import ConfigError, JobConfig, to_toml
+from titan_train.config.parallel_layout import Layout, choose_async_tp, resolve_layout, tokens_per_step
 from titan_train.run.distributed import RunEnv
+from titan_train.run.optim import optimizer_implementation
 from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.simulate.fake_runtime import fake_rank
 from titan_train.simulate.rank_classes import RankClass, rank_classes
@@ -58,20 +58,10 @@ def _async_tp_as_on_gpus(config: JobConfig) -> tuple[JobConfig, list[str]]:
     run (compiled, inductor, the TP group on one node), Titan's eager layers elsewhere: decided here for the
     modelled GPUs, not for this CPU. The pass rewrites compiled graphs, and the simulation runs eager, so a
     run that would use it is simulated with the plain TP styles it compiles from."""
+    where = f"on the modelled GPUs ({GPUS_PER_NODE} per node)"
+    if choose_async_tp(config, "cuda", GPUS_PER_NODE, where) != "symmetric_memory":
+        return config, []  # off, or Titan's eager layers: simulated as they are
     p = config.parallelism
-    if not p.enable_async_tensor_parallel or p.tensor_parallel_degree == 1:
-        return config, []
-    backend = config.compile.backend if config.compile.enable else None
-    reason = symmetric_memory_unavailable("cuda", backend, p.tensor_parallel_degree, GPUS_PER_NODE)
-    if p.async_tensor_parallel_implementation == "titan" or (
-        p.async_tensor_parallel_implementation == "auto" and reason is not None
-    ):
-        return config, []  # Titan's eager layers: simulated as they are
-    if reason is not None:
-        raise ConfigError(
-            f"parallelism.async_tensor_parallel_implementation='symmetric_memory' cannot run on the modelled "
-            f"GPUs ({GPUS_PER_NODE} per node): {reason}; use 'titan' or 'auto'"
-        )
     plain = dataclasses.replace(config, parallelism=dataclasses.replace(p, enable_async_tensor_parallel=False))
     note = (
         "async TP: torch's SymmetricMemory pass (a CUDA run's choice here) rewrites compiled graphs, which run "
@@ -105,8 +95,9 @@ def _check_simulable(layout: Layout) -> None:
         )
 
 
-def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
-    """The config the simulation runs, and what it cannot model as configured."""
+def simulated_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
+    """The config the simulation runs (as a CUDA run of `config` would have it, eager), and what it cannot
+    model as configured."""
     config, async_tp_notes = _async_tp_as_on_gpus(config)
     unmodelled = list(ALWAYS_UNMODELLED)
     if config.compile.enable:
@@ -123,11 +114,13 @@ def _dry_run_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
     unmodelled += async_tp_notes
     if config.parallelism.pipeline_parallel_degree > 1:
         unmodelled.append("pipeline P2P: NCCL's send/recv staging buffers")
-    # Nothing to save or resume: checkpoints and validation stay off.
+    # Nothing to save or resume: checkpoints and validation stay off. The optimizer a CUDA run would use.
+    implementation = optimizer_implementation(config.optimizer.implementation, "cuda")
     config = dataclasses.replace(
         config,
         checkpoint=dataclasses.replace(config.checkpoint, enable=False),
         validation=dataclasses.replace(config.validation, enable=False),
+        optimizer=dataclasses.replace(config.optimizer, implementation=implementation),
     )
     return config, unmodelled
 
@@ -151,7 +144,7 @@ def simulate(
     hidden_shape, hidden_dtype = _hidden(config, layout)
     env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
     with fake_rank(rank_class.representative, world_size, hidden_shape, hidden_dtype):
-        tracker, held, trainer = measure_steps(config, env, STEPS)
+        tracker, held, trainer = measure_steps(config, env, STEPS, layout)
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
@@ -160,9 +153,9 @@ def simulate(
     except SimulatedOutOfMemory as error:
         reserved, out_of_memory = replay(tracker.events, expandable_segments=expandable_segments), str(error)
     activations = sum(n for phase, n in by_phase.items() if phase.endswith(("forward", "loss")))
-    spec, t = get_model_spec(config.model.name), config.training
-    tokens_per_step = layout.accumulation_steps * t.local_batch_size * t.seq_len * layout.dims.dp
-    flops = spec.flops_per_token(trainer.model_args, t.seq_len) * tokens_per_step // world_size
+    spec = get_model_spec(config.model.name)
+    flops = spec.flops_per_token(trainer.model_args, config.training.seq_len) * tokens_per_step(config, layout)
+    flops //= world_size
     return {
         "ranks": rank_class.ranks,
         "name": rank_class.name,
@@ -225,7 +218,8 @@ def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
 def dry_run(
     config: JobConfig, world_size: int, device_memory_gib: float = 80.0, every_pipeline_rank: bool = False
 ) -> dict:
-    """Simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
+    """Resolve the layout (a config refused only for torch.compile is modelled eager), print the config and
+    the layout, simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
 
     The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
     `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py)."""
@@ -233,10 +227,12 @@ def dry_run(
     allocator = allocator_setting()  # raises config errors before any work, as does the layout
     layout, unsupported = resolve_dry_run_layout(config, world_size)
     _check_simulable(layout)
+    print(to_toml(config))  # what is simulated, as a recipe, then how it is laid out
+    print(f"# layout: {layout.describe()}")
     classes = rank_classes(layout, every_pipeline_rank)
     for refusal in unsupported:
         logger.warning(f"dry run: unsupported: {refusal}")
-    sim_config, unmodelled = _dry_run_config(config)
+    sim_config, unmodelled = simulated_config(config)
     unmodelled += allocator.unmodelled
     start = time.perf_counter()
     entries = []

@@ -8,42 +8,50 @@ CUDA caching allocator keeps apart.
 """
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
 from titan_debug.alloc_trace import AllocationTracker
 from titan_train.config import JobConfig
+from titan_train.config.model_args import model_args
+from titan_train.config.parallel_layout import Layout
 from titan_train.run.distributed import RunEnv
+from titan_train.run.held_bytes import held_bytes
 from titan_train.run.trainer import Trainer
+from titan_train.simulate.torch_internals import fsdp_comm_streams
 
 
-def measure_steps(config: JobConfig, env: RunEnv, steps: int) -> tuple[AllocationTracker, dict[str, int], Trainer]:
-    """Build the Trainer (synthetic batches; the optimizer a GPU run would use) and run `steps` steps under
-    the tracker. Returns the tracker, the bytes this rank holds after them (params, grads, optimizer) and
-    the trainer."""
+def measure_steps(
+    config: JobConfig, env: RunEnv, steps: int, layout: Layout | None = None
+) -> tuple[AllocationTracker, dict[str, int], Trainer]:
+    """Build the Trainer (on synthetic batches; `layout`: the config's, if already resolved) and run `steps`
+    steps under the tracker. Returns the tracker, the bytes this rank holds after them (run/held_bytes.py:
+    params, grads, optimizer) and the trainer."""
     tracker = AllocationTracker(device_type=env.device.type)
     labels = _PhaseLabels(tracker)
     with tracker, _fsdp_streams(tracker, env.device.type):
         with tracker.phase("build"):
-            trainer = Trainer(config, env, synthetic_data=True, optimizer_device_type="cuda")
+            trainer = Trainer(config, env, layout=layout, batches=synthetic_batches(config))
         labels.attach(trainer)
         with labels:
             for _ in range(steps):
                 trainer.step()
         labels.close()
-        params = list(trainer.parameters())
-        states = [v for o in trainer.optimizer.optimizers for s in o.state.values() for v in s.values()]
-        held = {
-            "params": _local_bytes(params),
-            "grads": _local_bytes(p.grad for p in params if p.grad is not None),
-            # AdamW's moments; its step counters are scalars
-            "optimizer": _local_bytes(v for v in states if isinstance(v, torch.Tensor) and v.dim() > 0),
-        }
+        held = held_bytes(trainer.parameters(), trainer.optimizer.optimizers)
     return tracker, held, trainer
+
+
+def synthetic_batches(config: JobConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Local batches of random token ids below the flavor's vocabulary: what a step's memory depends on
+    (shapes and dtypes), no data to read."""
+    t, vocab = config.training, model_args(config).vocab_size
+    while True:
+        tokens = torch.randint(vocab, (t.local_batch_size, t.seq_len + 1))
+        yield tokens[:, :-1], tokens[:, 1:]
 
 
 class _PhaseLabels(TorchFunctionMode):
@@ -98,45 +106,10 @@ class _PhaseLabels(TorchFunctionMode):
         self._phase.close()
 
 
-@contextlib.contextmanager
 def _fsdp_streams(tracker: AllocationTracker, device_type: str):
     """FSDP2's buffers on its own CUDA streams, whose pools a caching allocator keeps apart: exactly what
     FSDP2 allocates inside `device_handle.stream(s)` for its communication streams is tagged with that stream.
     So, as on a GPU, the all-gather input and output come from the copy-in stream's pool only when FSDP
     prefetches implicitly (forward, pre-backward), and the reduce-scatter input, allocated before FSDP
     switches streams, from the current stream's pool; only its output is the reduce-scatter stream's."""
-    device_module = getattr(torch, device_type)
-    streams: dict[int, tuple[object, str]] = {}  # id -> (the stream, kept alive so the id stays its own; name)
-    original_stream, original_lazy_init = device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init
-
-    def lazy_init(comm, device):
-        original_lazy_init(comm, device)
-        for attribute in (
-            "all_gather_copy_in_stream",
-            "all_gather_stream",
-            "reduce_scatter_stream",
-            "all_reduce_stream",
-        ):
-            stream = getattr(comm, attribute)
-            streams[id(stream)] = (stream, attribute.removesuffix("_stream"))
-
-    @contextlib.contextmanager
-    def on_stream(stream):
-        known = streams.get(id(stream))
-        with original_stream(stream), tracker.stream(known[1]) if known else contextlib.nullcontext():
-            yield
-
-    device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init = on_stream, lazy_init
-    try:
-        yield
-    finally:
-        device_module.stream, _fsdp_param_group.FSDPCommContext.lazy_init = original_stream, original_lazy_init
-
-
-def _local_bytes(tensors) -> int:
-    total = 0
-    for t in tensors:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        # Its own elements, not its storage's: FSDP's gradients are views into one reduce-scatter buffer.
-        total += local.numel() * local.element_size()
-    return total
+    return fsdp_comm_streams(device_type, tracker.stream)
