@@ -24,7 +24,7 @@ def options_dict(options: list[str] | tuple[str, ...]) -> dict[str, str]:
     return {options[i][2:]: options[i + 1] for i in range(0, len(options), 2)}
 
 
-BLOCKS_PER_FLAVOR = {"tiny": 4, "tiny8": 8}
+BLOCKS_PER_FLAVOR = {"tiny": 4, "tiny8": 8, "tiny-3.1": 4, "tiny-3.2": 4}
 
 
 def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options: list[str]):
@@ -60,9 +60,9 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     if o.get("activation_checkpoint.mode") == "auto":
         _assert_auto_checkpoints(part, o, where)
     for fqn, block in part["blocks"].items():
-        if o.get("activation_checkpoint.mode") == "auto":
-            continue
-        assert block["checkpoint"] == _expected_checkpoint(o, fqn), f"{where} {fqn}: checkpoint {block['checkpoint']}"
+        if o.get("activation_checkpoint.mode") != "auto":  # auto's kinds: _assert_auto_checkpoints, above
+            want = _expected_checkpoint(o, fqn)
+            assert block["checkpoint"] == want, f"{where} {fqn}: checkpoint {block['checkpoint']}"
         assert block["compiled"] == (o.get("compile.enable") == "true"), f"{where} {fqn}: compiled"
         assert (block["fsdp"] is not None) == fsdp2, f"{where} {fqn}: fsdp unit {block['fsdp']}"
         if fsdp2:

@@ -16,15 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers  # the integration session installs it
 
-# Single-process saves pass no_dist=True on purpose; DCP warns about it on every call.
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
-# The integration session installs transformers; a developer venv without it skips, saying so.
-transformers = pytest.importorskip("transformers")
-titan_models = pytest.importorskip("titan_models")
-
-from launch_helpers import DEBUG_RECIPE, _env, run_titan  # noqa: E402
-from titan_checkpoint import (  # noqa: E402
+import titan_models
+from launch_helpers import DEBUG_RECIPE, _env, run_titan
+from titan_checkpoint import (
     CheckpointConfig,
     CheckpointManager,
     ModelState,
@@ -32,8 +28,11 @@ from titan_checkpoint import (  # noqa: E402
     adapter_from_meta,
     load_hf_into_model,
 )
-from titan_models.generate import generate  # noqa: E402
-from titan_train.data.tokenizer import load_tokenizer  # noqa: E402
+from titan_models.generate import generate
+from titan_train.data.tokenizer import load_tokenizer
+
+# Single-process saves pass no_dist=True on purpose; DCP warns about it on every call.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

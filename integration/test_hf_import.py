@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# The integration session installs transformers (nox -s integration).
+import transformers
+
+from applied_checks import assert_layout_applied
 from launch_helpers import DEBUG_RECIPE, ROOT, _env, run_script
-
-# The integration session installs transformers; a developer venv without it skips, saying so.
-transformers = pytest.importorskip("transformers")
-
 from titan_checkpoint import (  # noqa: E402
     ModelState,  # noqa: E402
     adapter_from_hf_folder,
@@ -146,7 +146,9 @@ def test_fine_tuning_starts_from_exactly_the_folders_weights(hf_folder, tmp_path
                "--checkpoint.initial_load_path", str(folder), *extra]  # fmt: skip
     proc = run_script("parity_driver.py", [str(tmp_path / "out.pt"), *options], nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (loss,) = torch.load(tmp_path / "out.pt", weights_only=False)["losses"]
+    result = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert_layout_applied(result["applied"], nproc, ["--model.flavor", flavor, *extra])
+    (loss,) = result["losses"]
     assert loss == pytest.approx(first_batch_loss_by_transformers(folder, dp), rel=1e-5)
 
 

@@ -11,6 +11,7 @@ import functools
 import pytest
 import torch
 
+from applied_checks import assert_layout_applied
 from launch_helpers import run_script
 
 MODEL = ["--model.flavor", "tiny-3.2", "--training.seq_len", "64", "--training.local_batch_size", "2",
@@ -45,6 +46,7 @@ def test_tied_model_matches_single_process(case_id, world, dp, options, tmp_root
                       nproc=world)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     result, ref = torch.load(out, weights_only=False), reference(dp, tmp_root)
+    assert_layout_applied(result["applied"], world, [*MODEL, *options])
     assert "output.weight" not in ref["grads"]  # one parameter: the tie held in the reference
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=1e-5, atol=0)
     torch.testing.assert_close(result["grad_norms"][0], ref["grad_norms"][0], rtol=1e-4, atol=0)

@@ -73,9 +73,19 @@ def validation_reference(tmp_root: str, dp: int) -> dict:
 @pytest.mark.parametrize("case_id, world, dp, options", VALIDATION_CASES, ids=[c[0] for c in VALIDATION_CASES])
 def test_validation_loss_matches_single_process(case_id, world, dp, options, tmp_root):
     result = validation_run(tmp_root, case_id, options, world)
+    assert_layout_applied(result["applied"], world, [*MODEL, *VALIDATION, *options])
     ref = validation_reference(tmp_root, dp)
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=1e-5, atol=0)
     torch.testing.assert_close(result["validation_loss"], ref["validation_loss"], rtol=1e-5, atol=0)
+
+
+def test_validation_steps_count_global_batches(tmp_root):
+    """validation.steps = 4 as a user sets it in one recipe: FSDP 2 and one process with the same global batch
+    (two local batches per step) evaluate the same 4 global batches, so the same sequences."""
+    steps = ["--validation.steps", "4"]
+    fsdp = validation_run(tmp_root, "fsdp2_steps4", steps, 2)
+    one_process = validation_run(tmp_root, "one_process_steps4", steps, None, emulate_dp=2)
+    torch.testing.assert_close(fsdp["validation_loss"], one_process["validation_loss"], rtol=1e-5, atol=0)
 
 
 def test_validation_leaves_training_unchanged(tmp_root):

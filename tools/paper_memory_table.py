@@ -97,8 +97,9 @@ def table_line(name: str, row: dict, report: dict | None, missing: str) -> str:
         terms = [text for text, direction in applies if direction in (0, sign)]
         side = "over" if sign > 0 else "under"
         why = "; ".join(terms) or f"no unmodelled term listed for this row explains an {side}-prediction"
-        if report.get("unsupported"):
-            why += "; the real config is refused on this torch (compiled full AC with TP) and modelled eager"
+    if report.get("unsupported"):  # whatever the error: the number is of another config than the paper's
+        refused = "the real config is refused on this torch (compiled full AC with TP) and modelled eager"
+        why = f"{why}; {refused}" if why else refused
     cells += [f"{reserved:.2f}", f"{error:+.1%}", f"{active:.2f}", why]
     return "| " + " | ".join(cells) + " |"
 

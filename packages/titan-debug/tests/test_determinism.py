@@ -1,12 +1,11 @@
 import os
 import random
 
+import numpy  # tensorboard depends on it
 import pytest
 import torch
 
 from titan_debug import seed_everything
-
-numpy = pytest.importorskip("numpy")  # tensorboard depends on it
 
 
 def draws():

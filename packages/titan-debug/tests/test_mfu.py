@@ -22,3 +22,12 @@ def test_mfu_rejects_non_positive_peak(peak):
 def test_mfu_rejects_negative_throughput():
     with pytest.raises(ValueError, match="tokens_per_second_per_device=-1"):
         mfu(-1.0, 6e9, 1e13)
+
+
+def test_reported_mfu_is_never_above_100_percent():
+    from titan_debug import reported_mfu
+
+    assert reported_mfu(1000.0, 1e6, 1e10) == (0.1, None)
+    value, why = reported_mfu(1000.0, 1e6, 1e8)  # 10x the peak: the peak does not bound the step
+    assert value is None and why.startswith("1000% against a peak of 0.1 GFLOP/s")
+    assert reported_mfu(1000.0, 1e6, None) == (None, "the device's peak FLOP/s is unknown")

@@ -84,14 +84,22 @@ def test_cpu_peak_is_measured_then_cached(cache_dir, monkeypatch):
 def test_cpu_peak_reads_existing_cache_and_keys_by_dtype(cache_dir, monkeypatch):
     (cache_dir / "peak_flops.json").write_text(json.dumps({_cpu_cache_key(torch.float32): 123.0e9}))
     calls = []
-    monkeypatch.setattr(pf, "probe_cpu_matmul_flops", lambda dtype: calls.append(dtype) or 7.0e9)
+    monkeypatch.setattr(pf, "probe_cpu_matmul_flops", lambda dtype: calls.append(dtype) or 700.0e9)
 
     assert peak_flops(torch.device("cpu"), torch.float32) == 123.0e9
     assert calls == []
-    assert peak_flops(torch.device("cpu"), torch.bfloat16) == 7.0e9  # other dtype: own entry, probed
+    assert peak_flops(torch.device("cpu"), torch.bfloat16) == 700.0e9  # other dtype: own entry, probed
     assert calls == [torch.bfloat16]
     cache = json.loads((cache_dir / "peak_flops.json").read_text())
-    assert cache == {_cpu_cache_key(torch.float32): 123.0e9, _cpu_cache_key(torch.bfloat16): 7.0e9}
+    assert cache == {_cpu_cache_key(torch.float32): 123.0e9, _cpu_cache_key(torch.bfloat16): 700.0e9}
+
+
+def test_cpu_bf16_peak_is_never_below_float32s(cache_dir, monkeypatch):
+    """Emulated bf16 (AVX2 only) probes ~40x slower than float32; a mixed-precision step runs part of its work
+    at float32 speed, so the bf16 probe alone would put MFU above 100%."""
+    (cache_dir / "peak_flops.json").write_text(json.dumps({_cpu_cache_key(torch.float32): 85.0e9}))
+    monkeypatch.setattr(pf, "probe_cpu_matmul_flops", lambda dtype: 1.3e9)
+    assert peak_flops(torch.device("cpu"), torch.bfloat16) == 85.0e9
 
 
 def test_corrupt_cache_is_replaced(cache_dir, monkeypatch):
@@ -105,6 +113,16 @@ def test_cache_key_names_cpu_threads_and_dtype():
     key = _cpu_cache_key(torch.bfloat16)
     assert f"threads={torch.get_num_threads()}" in key
     assert key.endswith("|bfloat16")
+
+
+@pytest.mark.parametrize(
+    "flags, native",
+    [({"avx2", "fma"}, False), ({"avx2", "avx512f", "avx512_bf16"}, True), ({"avx2", "amx_bf16"}, True)],
+)
+def test_cache_key_tells_cpus_with_and_without_native_bf16_apart(monkeypatch, flags, native):
+    monkeypatch.setattr(pf, "_cpu_flags", lambda: flags)
+    assert pf.cpu_has_native_bf16() is native
+    assert ("|bf16=native|" if native else "|bf16=emulated|") in _cpu_cache_key(torch.bfloat16)
 
 
 def test_probe_measures_a_positive_rate():

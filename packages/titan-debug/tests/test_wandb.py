@@ -60,7 +60,8 @@ def test_missing_wandb_says_how_to_install_it(tmp_path, monkeypatch):
 
 
 def test_offline_run_is_written_locally(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+    import wandb
+
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     writer = WandbWriter(tmp_path, project="titan-test", name="job", run_id="offline1", mode="offline")

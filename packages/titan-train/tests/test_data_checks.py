@@ -4,14 +4,12 @@ group), naming the config key, the file and the line; the `titan-data` CLI that 
 import gzip
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from titan_train.cli.data import main as titan_data
 from titan_train.config import ConfigError, build_config, validate
-
-pq = pytest.importorskip("pyarrow.parquet")
-pa = pytest.importorskip("pyarrow")
-zstandard = pytest.importorskip("zstandard")
 
 
 def check(path, **training):

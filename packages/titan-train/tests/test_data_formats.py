@@ -5,18 +5,17 @@ import gzip
 import json
 from itertools import islice
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+import zstandard
 
 from titan_train.cli.data import main as titan_data
 from titan_train.data import build_dataloader, resolve_dataset
 from titan_train.data.files import LocalFiles
 from titan_train.data.tokenizer import load_tokenizer
 from titan_train.data.tokens import TokenFolder
-
-pq = pytest.importorskip("pyarrow.parquet")
-pa = pytest.importorskip("pyarrow")
-zstandard = pytest.importorskip("zstandard")
 
 # Lengths vary (0 to ~60 tokens), one is empty, some are not ASCII; no blank lines inside (for .txt).
 TEXTS = [f"Chapter {i}: " + "and the word was " * (i % 9) + ("été ✓" if i % 5 == 0 else "") for i in range(60)]

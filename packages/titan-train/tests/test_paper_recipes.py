@@ -14,6 +14,27 @@ PAPER = Path(__file__).resolve().parents[3] / "configs" / "paper"
 
 # row: (flavor, GPUs, dp_shard, cp, tp, pp, local batch, global batch, seq_len, AC, compile, Float8, async TP,
 #       schedule, micro-batches) -- TorchTitan then made as many micro-batches as pipeline stages.
+# The paper's memory per GPU (GiB; the max over ranks where it reports ranks).
+PAPER_GIB = {
+    "t1_fsdp": 82.4,
+    "t1_fsdp_compile": 77.0,
+    "t1_fsdp_compile_float8": 76.8,
+    "t2_cp1": 83.9,
+    "t2_cp2": 84.2,
+    "t2_cp4": 84.0,
+    "t2_cp8": 84.5,
+    "t3_fsdp": 67.0,
+    "t3_fsdp_compile": 62.0,
+    "t3_fsdp_compile_float8": 61.8,
+    "t4_2d": 71.9,
+    "t4_2d_asynctp": 67.6,
+    "t5_1f1b": 82.5,
+    "t5_interleaved": 72.7,
+    "t6_cp1": 75.3,
+    "t6_cp2": 75.9,
+    "t6_cp4": 77.1,
+    "t6_cp8": 84.9,
+}
 ROWS = {
     "t1_fsdp": ("8B", 8, 8, 1, 1, 1, 2, 16, 8192, "selective", False, False, False, None, None),
     "t1_fsdp_compile": ("8B", 8, 8, 1, 1, 1, 2, 16, 8192, "selective", True, False, False, None, None),
@@ -37,7 +58,14 @@ ROWS = {
 
 
 def test_every_paper_row_has_a_recipe_and_nothing_else_is_there():
-    assert {p.stem for p in PAPER.glob("*.toml")} == set(ROWS)
+    assert {p.stem for p in PAPER.glob("*.toml")} == set(ROWS) == set(PAPER_GIB)
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_each_recipe_header_states_the_papers_gib_of_its_row(row):
+    """tools/paper_memory_table.py compares the dry run with the number in the recipe's header."""
+    header = re.search(r"\(paper: ([\d.]+) GiB", (PAPER / f"{row}.toml").read_text())
+    assert header and float(header.group(1)) == PAPER_GIB[row]
 
 
 @pytest.mark.parametrize("row", sorted(ROWS))

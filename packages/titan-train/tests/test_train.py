@@ -176,15 +176,27 @@ def test_tps_and_mfu_match_an_independent_count(tmp_path):
     from titan_debug import peak_flops
 
     t = trainer(tmp_path, "--model.flavor", "debug", "--training.steps", "7", "--metrics.log_freq", "3")
-    seen = []  # (wall time, tokens) of every forward
-    t.model.register_forward_pre_hook(lambda module, args: seen.append((time.time(), args[0].numel())))
+    tokens_by_step, step_ends = {}, {}  # this test's own count and clock, not the trainer's
+    t.model.register_forward_pre_hook(
+        lambda module, args: tokens_by_step.__setitem__(t.step_count + 1, args[0].numel())
+    )
+    trainer_step = t.step
+
+    def timed_step():
+        result = trainer_step()
+        step_ends[t.step_count] = time.perf_counter()
+        return result
+
+    t.step = timed_step
     t.train()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 3, 6, 7]
     for previous, record in zip(records[1:-1], records[2:], strict=True):  # windows of 3 and 1 steps
-        tokens = sum(n for stamp, n in seen if previous["time"] < stamp <= record["time"])
-        assert tokens == (record["step"] - previous["step"]) * 4 * 64
-        assert record["tps"] == pytest.approx(tokens / (record["time"] - previous["time"]), rel=0.05)
+        steps = range(previous["step"] + 1, record["step"] + 1)
+        tokens = sum(tokens_by_step[s] for s in steps)
+        assert tokens == len(steps) * 4 * 64
+        seconds = step_ends[record["step"]] - step_ends[previous["step"]]
+        assert record["tps"] == pytest.approx(tokens / seconds, rel=0.05)
 
     args = t.model_args
     non_embedding = sum(p.numel() for name, p in t.model.named_parameters() if "tok_embeddings" not in name)
@@ -192,3 +204,27 @@ def test_tps_and_mfu_match_an_independent_count(tmp_path):
     peak = peak_flops(torch.device("cpu"), torch.float32)
     for record in records:
         assert record["mfu"] == pytest.approx(record["tps"] * flops_per_token / peak, rel=1e-9)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["emulated", "native"])
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_about_and_mfu_stays_a_fraction(
+    tmp_path, monkeypatch, caplog, native
+):
+    import json
+    import logging
+
+    import titan_train.run.reporting as reporting
+
+    monkeypatch.setattr(reporting, "cpu_has_native_bf16", lambda: native)
+    t = trainer(tmp_path, "--model.flavor", "tiny", "--training.steps", "2", "--metrics.log_freq", "1",
+                "--training.mixed_precision_param", "bfloat16", "--training.seq_len", "16")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="titan"):
+        t.train()
+    warned = [r.message for r in caplog.records if "without native bf16" in r.message]
+    if native:
+        assert warned == []
+    else:
+        (message,) = warned
+        assert "training.mixed_precision_param='bfloat16'" in message and "float32" in message
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["mfu"] is None or 0 < r["mfu"] <= 1 for r in records)

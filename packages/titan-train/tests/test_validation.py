@@ -67,6 +67,24 @@ def test_validation_loss_is_the_mean_over_the_batches(tmp_path):
     assert found == pytest.approx(sum(losses) / len(losses), rel=1e-6)
 
 
+def test_validation_steps_count_global_batches(tmp_path):
+    """A global batch of 2 local batches (accumulation 2 on one process): validation.steps = 3 evaluates 3 global
+    batches, the split's first 6 local batches, as 2 data-parallel ranks of the same recipe would."""
+    t = trainer(tmp_path, "--training.global_batch_size", "4", "--validation.enable", "true", "--validation.steps", "3")
+    from titan_train.data import build_dataloader
+    from titan_train.run.validation import Validator
+
+    assert t.layout.accumulation_steps == 2
+    found = Validator(t.config, t.parallel_model, t.tokenizer, torch.device("cpu")).run()["validation_loss"]
+    batches = iter(build_dataloader("kjv_validation", "", t.tokenizer, 64, 2, infinite=False))
+    with torch.no_grad():
+        losses = [
+            torch.nn.functional.cross_entropy(t.model(x).flatten(0, 1), y.flatten()).item()
+            for x, y in (next(batches) for _ in range(6))
+        ]
+    assert found == pytest.approx(sum(losses) / len(losses), rel=1e-6)
+
+
 @pytest.mark.parametrize(
     "section, message",
     [

@@ -4,7 +4,9 @@ Metrics (a console line, metrics.jsonl and TensorBoard scalars per logged step):
     MetricsLogger              the three sinks (metrics.py, tensorboard.py)
     Throughput                 tokens/s per device and data-wait fraction between log steps (throughput.py)
     peak_flops                 device peak FLOP/s: datasheet on GPUs, cached matmul probe on CPU (peak_flops.py)
+    cpu_has_native_bf16        whether this CPU computes bf16 in hardware, not emulated (peak_flops.py)
     mfu, tflops                model FLOPs utilization from tokens/s and FLOPs/token (mfu.py)
+    reported_mfu               MFU never above 100%, or n/a with the reason (mfu.py)
     memory_stats               peak memory in GiB and allocator retries, any device (memory.py)
     WandbWriter                the records as a Weights & Biases run; optional extra [wandb] (wandb_logger.py)
 Memory prediction, no GPU needed:
@@ -35,9 +37,9 @@ from titan_debug.flight_recorder_summary import load_flight_recorder, summarize_
 from titan_debug.loss_compare import Report, compare_losses, read_metrics
 from titan_debug.memory import memory_stats, reset_peak_memory_stats
 from titan_debug.metrics import MetricsLogger
-from titan_debug.mfu import mfu, tflops
+from titan_debug.mfu import mfu, reported_mfu, tflops
 from titan_debug.nan_guard import NonFiniteError, check_finite
-from titan_debug.peak_flops import peak_flops
+from titan_debug.peak_flops import cpu_has_native_bf16, peak_flops
 from titan_debug.profiling import MemorySnapshotter, Profiler
 from titan_debug.progress import Progress, ProgressLine
 from titan_debug.throughput import Throughput, ThroughputWindow
@@ -63,6 +65,7 @@ __all__ = [
     "ThroughputWindow",
     "WandbWriter",
     "check_finite",
+    "cpu_has_native_bf16",
     "compare_losses",
     "dump_flight_recorder",
     "dump_on_comm_error",
@@ -72,6 +75,7 @@ __all__ = [
     "mfu",
     "peak_flops",
     "read_metrics",
+    "reported_mfu",
     "replay",
     "reset_peak_memory_stats",
     "seed_everything",

@@ -29,3 +29,19 @@ def mfu(tokens_per_second_per_device: float, flops_per_token: float, peak: float
             f"flops_per_token={flops_per_token!r} must be >= 0"
         )
     return tokens_per_second_per_device * flops_per_token / peak
+
+
+def reported_mfu(
+    tokens_per_second_per_device: float, flops_per_token: float, peak: float | None
+) -> tuple[float | None, str | None]:
+    """MFU for a report, and why it shows "n/a" (None when it does not): never above 100%. A value above
+    means the peak does not bound the step (e.g. a CPU peak probed in a dtype the step partly ran faster
+    than), so it is withheld, not printed as a utilization."""
+    value = mfu(tokens_per_second_per_device, flops_per_token, peak)
+    if peak is None:
+        return None, "the device's peak FLOP/s is unknown"
+    if value > 1.0:
+        return None, (
+            f"{100 * value:.0f}% against a peak of {peak / 1e9:.1f} GFLOP/s: the peak does not bound this step"
+        )
+    return value, None

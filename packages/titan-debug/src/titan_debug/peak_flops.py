@@ -7,9 +7,14 @@ dense one is half of it. An unknown GPU gives ``None`` (MFU then shows "n/a") ra
 CPU: there is no datasheet number that a PyTorch matmul can reach, so "peak" here is the *measured
 attainable* matmul throughput: a short probe (< ~1 s) of square matmuls in the requested dtype, best of
 several repeats. The result is cached per machine in ``$TITAN_CACHE_DIR/peak_flops.json`` (default
-``~/.cache/titan``), keyed by CPU model, torch thread count, torch version and dtype, so later runs do not
-pay for the probe. CPU MFU is therefore "fraction of what a plain matmul gets on this box", and can be
-compared across runs on the same machine, not across machines.
+``~/.cache/titan``), keyed by CPU model, whether it computes bf16 natively, torch thread count, torch version
+and dtype, so later runs do not pay for the probe. CPU MFU is therefore "fraction of what a plain matmul gets
+on this box", and can be compared across runs on the same machine, not across machines.
+
+A mixed-precision step on a CPU runs some matmuls in float32 (the loss, and every op autocast keeps there)
+and the rest in bf16/fp16; where the CPU has no native bf16 (AVX2 only: no AVX-512 BF16, no AMX) those run
+~40x slower than float32. The CPU peak for bf16/fp16 is therefore the faster of that dtype's and float32's:
+a ceiling no step can pass, so MFU stays a fraction.
 """
 
 from __future__ import annotations
@@ -94,7 +99,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
             logger.warning("peak FLOP/s unknown for GPU %r and %s; MFU will show n/a", name, dtype)
         return peak
     if device.type == "cpu":
-        return _cached_cpu_peak_flops(dtype)
+        peak = _cached_cpu_peak_flops(dtype)
+        return peak if dtype == torch.float32 else max(peak, _cached_cpu_peak_flops(torch.float32))
     logger.warning("peak FLOP/s unknown for device type %r; MFU will be reported as n/a", device.type)
     return None
 
@@ -119,9 +125,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown-cpu"
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (x86 "flags", ARM "Features") from /proc/cpuinfo; empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (x86 AVX-512 BF16 or AMX, ARM BF16); without it torch
+    emulates bf16 matmuls at a fraction of float32's speed."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def _cpu_cache_key(dtype: torch.dtype) -> str:
     dtype_name = str(dtype).removeprefix("torch.")
-    return f"{_cpu_model()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{dtype_name}"
+    bf16 = "native" if cpu_has_native_bf16() else "emulated"
+    return f"{_cpu_model()}|bf16={bf16}|threads={torch.get_num_threads()}|torch={torch.__version__}|{dtype_name}"
 
 
 def _cached_cpu_peak_flops(dtype: torch.dtype) -> float:

@@ -1,6 +1,8 @@
 """Hyena generation: step-by-step outputs equal the full-sequence forward, and greedy tokens do not depend
 on the long-convolution strategy."""
 
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -72,8 +74,30 @@ def test_flash_state_is_linear_in_length_to_the_byte(build):
         direct = sum(u * u for u in (1, 2, 4, 8))
         fft_bins = sum(2**q + 1 for q in range(4, length.bit_length() - 1))
         per_channel = 4 * (length + 2 * rows * length + direct) + 8 * fft_bins
+        assert held_tensor_bytes(conv) == channels * per_channel  # every tensor it holds, found by walking it
         assert conv.state_bytes() == channels * per_channel
         assert per_channel < 4 * (3 + 2 * rows) * length + 8 * 64  # O(L): a constant times L, plus a little
+
+
+def held_tensor_bytes(root) -> int:
+    """Bytes of every tensor storage reachable from `root`'s attributes (objects, dicts, lists, tuples), each
+    storage counted once: what an object holds, without trusting a list it keeps of its own state."""
+    seen_objects, storages, todo = set(), {}, [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen_objects:
+            continue
+        seen_objects.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(obj, dict):
+            todo += list(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            todo += list(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.FunctionType, types.MethodType)):
+            todo += list(vars(obj).values())
+    return sum(storages.values())
 
 
 def train_briefly(model, steps: int = 40) -> None:

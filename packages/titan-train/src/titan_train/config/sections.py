@@ -292,7 +292,9 @@ class Validation:
     freq: int = 10
     """Steps between evaluations (also after the last step)."""
     steps: int = -1
-    """Batches per evaluation; -1 evaluates the whole dataset once (each evaluation sees the same batches)."""
+    """Global batches per evaluation, as training counts steps (local_batch_size x data-parallel degree x
+    accumulation sequences, the same on every layout); -1 evaluates the whole dataset once (to its last full
+    global batch). Each evaluation sees the same batches."""
 
 
 @dataclass

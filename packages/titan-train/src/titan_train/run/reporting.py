@@ -9,7 +9,18 @@ gathered over the pipeline group, and a rank that skipped the gather would hang 
 
 import logging
 
-from titan_debug import MetricsLogger, Throughput, WandbWriter, memory_stats, mfu, peak_flops, tflops
+import torch
+
+from titan_debug import (
+    MetricsLogger,
+    Throughput,
+    WandbWriter,
+    cpu_has_native_bf16,
+    memory_stats,
+    peak_flops,
+    reported_mfu,
+    tflops,
+)
 from titan_parallel import ParallelModel
 from titan_train.config import JobConfig, to_dict
 from titan_train.config.parallel_layout import tokens_per_step
@@ -28,6 +39,7 @@ class StepReporter:
         t = config.training
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops(device, model.layout.param_dtype)
+        self._mfu_withheld = False
         # Tokens per device per step: ranks sharing a data-parallel rank's tokens (tp, cp, pp) split its work.
         self.tokens_per_step = tokens_per_step(config, model.layout) / world_size
         tb_dir = f"{config.job.dump_folder}/tb/{config.job.name}" if config.metrics.enable_tensorboard else None
@@ -38,8 +50,15 @@ class StepReporter:
         )  # fmt: skip
 
     def log_model(self) -> None:
-        """The parameter count (per pipeline rank and in all) and the layout."""
+        """The parameter count (per pipeline rank and in all) and the layout; a warning where bf16 would run
+        emulated on this CPU."""
         cfg, layout = self.config, self.model.layout
+        if self.device.type == "cpu" and layout.param_dtype == torch.bfloat16 and not cpu_has_native_bf16():
+            logger.warning(
+                "training.mixed_precision_param='bfloat16' on a CPU without native bf16 (no AVX-512 BF16 or AMX): "
+                "torch emulates bf16 matmuls here, tens of times slower than float32; use "
+                "--training.mixed_precision_param float32 on this machine"
+            )
         per_rank = self.model.gather_over_stages(sum(p.numel() for p in self.model.parameters()))
         if layout.pipeline is not None:
             stages = "; ".join(f"{i}: {' '.join(blocks)}" for i, blocks in enumerate(layout.pipeline.stage_blocks))
@@ -68,7 +87,7 @@ class StepReporter:
             "tps": window.tokens_per_second,
             "tps_total": window.tokens_per_second * self.world_size,
             "tflops": tflops(window.tokens_per_second, self.flops_per_token),
-            "mfu": mfu(window.tokens_per_second, self.flops_per_token, self.peak_flops),
+            "mfu": self._mfu(window.tokens_per_second),
             "memory": memory,
             "data_time_frac": window.data_time_frac,
             **(validation or {}),
@@ -76,6 +95,13 @@ class StepReporter:
         if self.model.layout.pipeline is not None:
             record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(memory_per_stage)}
         self.metrics.log(step, record)
+
+    def _mfu(self, tokens_per_second: float) -> float | None:
+        value, withheld = reported_mfu(tokens_per_second, self.flops_per_token, self.peak_flops)
+        if withheld and self.peak_flops is not None and not self._mfu_withheld:
+            logger.warning(f"mfu shows n/a: {withheld}")
+            self._mfu_withheld = True
+        return value
 
     def close(self) -> None:
         self.metrics.close()

@@ -1,8 +1,8 @@
 """The measurement the dry run makes on fake tensors, made on real ones: the real Trainer on gloo (synthetic
 batches, as in the dry run) runs the same steps under the same AllocationTracker; each rank writes its peak
-active bytes to OUT_DIR/rank<R>.json.
+active bytes to OUT_DIR/rank<R>.json. What test_dry_run_fake_runtime.py compares the fake runtime with.
 
-    torchrun --nproc_per_node N dry_run_reality_driver.py OUT_DIR [titan-train options...]
+    torchrun --nproc_per_node N alloc_tracker_driver.py OUT_DIR [titan-train options...]
 """
 
 import json
