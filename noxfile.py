@@ -6,6 +6,7 @@ nox -s lower_bound       titan-train's tests against the lowest sibling versions
 nox -s train             train the debug model on the embedded data
 nox -s integration_gpu   the integration cases on NCCL (skips, saying so, without GPUs)
 nox -s slow              tests marked slow
+nox -s gpu_check         the checks one CUDA GPU can make (tools/gpu_check.py; lists them without CUDA)
 """
 
 import os

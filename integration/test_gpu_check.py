@@ -1,0 +1,278 @@
+"""tools/gpu_check.py: the listing without CUDA, the runner and results writer under failing, crashing, dying,
+hanging and stopped checks (stand-ins from gpu_check_fakes.py, each in its own process as a real check runs),
+the pieces of the checks that decide pass or fail, and the CPU rehearsal end to end."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from launch_helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))  # the gpu_checks package, as tools/gpu_check.py imports it
+
+from gpu_checks import allocator, hyena, training  # noqa: E402
+from gpu_checks.checks import CHECKS, Check, select  # noqa: E402
+from gpu_checks.device import cpu_device, results_stem, versions  # noqa: E402
+from gpu_checks.history import history_table  # noqa: E402
+from gpu_checks.results import Results  # noqa: E402
+from gpu_checks.runner import record_for, run_checks, skip_reason  # noqa: E402
+
+TOOL = str(ROOT / "tools" / "gpu_check.py")
+FAKES = str(ROOT / "integration")
+
+
+def gpu_check(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=ROOT)  # fmt: skip
+
+
+def fake(name: str, budget_s: int = 60) -> Check:
+    return Check(name, f"a stand-in that {name}", f"gpu_check_fakes:{name}", budget_s)
+
+
+@pytest.fixture
+def fakes_importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKES, os.environ.get("PYTHONPATH", "")]))
+
+
+def run_fakes(tmp_path, checks, budget_s=600):
+    """Run stand-in checks as the CPU rehearsal runs checks; returns the records, the final json and every
+    json document written along the way."""
+    results = Results(tmp_path / "out", "2026-01-01-test", "cpu-rehearsal", cpu_device(), versions(), budget_s)
+    snapshots = []
+
+    def write(records, complete):
+        results.write(records, complete)
+        snapshots.append(json.loads(results.json_path.read_text()))
+
+    records = run_checks(tuple(checks), False, None, tmp_path / "work", budget_s, write)
+    return records, json.loads(results.json_path.read_text()), results.md_path.read_text(), snapshots
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_without_cuda_it_lists_every_check_runs_nothing_and_exits_0():
+    before = sorted(p.name for p in (ROOT / "gpu_results").iterdir())
+    result = gpu_check()
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA device here: nothing run" in result.stdout
+    for check in CHECKS:
+        assert f"{check.name}: " in result.stdout
+    assert sorted(p.name for p in (ROOT / "gpu_results").iterdir()) == before  # nothing written
+
+
+def test_list_names_every_check_with_its_budget_and_an_unknown_name_is_a_usage_error():
+    listing = gpu_check("--list")
+    assert listing.returncode == 0
+    for check in CHECKS:
+        assert f"{check.name}: " in listing.stdout and f"budget {check.budget_s} s" in listing.stdout
+    unknown = gpu_check("--only", "train_debug", "no_such_check")
+    assert unknown.returncode == 2 and "no_such_check" in unknown.stderr and "memory_1b" in unknown.stderr
+
+
+def test_the_rehearsal_needs_an_output_directory():
+    result = gpu_check("--rehearse-cpu")
+    assert result.returncode == 2 and "--out" in result.stderr
+
+
+def test_each_outcome_is_recorded_and_the_others_still_run(tmp_path, fakes_importable):
+    checks = [fake("fails"), fake("crashes"), fake("dies"), fake("hangs", budget_s=3), fake("passes")]
+    records, document, md, _ = run_fakes(tmp_path, checks)
+    by_name = {r["name"]: r for r in document["checks"]}
+    assert [r["status"] for r in records] == ["fail", "fail", "fail", "timeout", "pass"]
+    assert by_name["fails"]["reason"] == "the loss did not fall"
+    assert by_name["crashes"]["reason"].startswith("crashed: KeyError") and "crashes" in by_name["crashes"]["reason"]
+    assert by_name["dies"]["reason"] == f"crashed: exit code {-signal.SIGKILL}"
+    assert by_name["hangs"]["reason"] == "timed out after 6 s"  # the rehearsal doubles a check's budget
+    # what each recorded before it failed, crashed, died or hung is kept
+    assert by_name["fails"]["figures"] == {"loss_first3": 8.0, "loss_last3": 8.1}
+    assert by_name["crashes"]["figures"] == {"before_the_crash": 1}
+    assert by_name["dies"]["figures"] == {"before_dying": 2}
+    assert by_name["hangs"]["figures"] == {"before_hanging": 3}
+    assert by_name["passes"]["figures"]["tokens_per_s"] == 1234.5 and "output_tail" not in by_name["passes"]
+    assert document["complete"] and document["summary"] == {"pass": 1, "fail": 3, "timeout": 1, "skip": 0}
+    assert document["kind"] == "cpu-rehearsal" and document["versions"]["torch"] == torch.__version__
+    assert "| hangs | timeout |" in md and "| passes | pass |" in md and "1,234 tok/s" in md
+    assert "| passes | case_a | peak reserved | 1.1 | 1 | GiB | +10.0% |" in md
+
+
+def test_results_are_written_before_and_after_every_check(tmp_path, fakes_importable):
+    _, _, _, snapshots = run_fakes(tmp_path, [fake("fails"), fake("passes")])
+    statuses = [[r["status"] for r in s["checks"]] for s in snapshots]
+    assert statuses == [
+        ["running", "pending"],
+        ["fail", "pending"],
+        ["fail", "running"],
+        ["fail", "pass"],
+        ["fail", "pass"],
+    ]
+    assert [s["complete"] for s in snapshots] == [False, False, False, False, True]
+
+
+def test_the_total_budget_skips_what_it_cannot_start(tmp_path, fakes_importable):
+    records, _, _, _ = run_fakes(tmp_path, [fake("hangs", budget_s=2), fake("passes")], budget_s=3)
+    assert [r["status"] for r in records] == ["timeout", "skip"]
+    assert records[0]["reason"] == "timed out after 3 s"  # the rehearsal's 2 x 2 s, cut to the total's 3 s
+    assert "budget (3 s) was spent" in records[1]["reason"]
+
+
+STOPPABLE = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from gpu_checks.checks import Check
+from gpu_checks.results import Results
+from gpu_checks.runner import run_checks
+out = Path(sys.argv[2])
+checks = (Check("hangs", "hangs", "gpu_check_fakes:hangs", 300),
+          Check("passes", "passes", "gpu_check_fakes:passes", 60))
+results = Results(out, "stopped", "cpu-rehearsal", {"name": "cpu"}, {"torch": "x"}, 600)
+run_checks(checks, False, None, out / "work", 600, results.write)
+"""
+
+
+def test_a_stopped_run_still_writes_its_results(tmp_path, fakes_importable):
+    process = subprocess.Popen([sys.executable, "-c", STOPPABLE, str(ROOT / "tools"), str(tmp_path)])
+    figures = tmp_path / "work" / "hangs" / "result.json"
+    deadline = time.monotonic() + 120
+    while "before_hanging" not in (figures.read_text() if figures.exists() else ""):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    document = json.loads((tmp_path / "stopped.json").read_text())
+    hangs, passes = document["checks"]
+    assert hangs["status"] == "timeout" and "stopped by signal 15" in hangs["reason"]
+    assert hangs["figures"] == {"before_hanging": 3}
+    assert passes["status"] == "skip" and "stopped" in passes["reason"]
+    assert document["complete"]
+
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "memory_gib": 79.1}
+
+
+def test_a_second_run_on_the_same_day_and_device_does_not_overwrite_the_first(tmp_path):
+    first = results_stem(tmp_path, "2026-01-02", H100, cuda=True)
+    assert first == "2026-01-02-nvidia-h100-80gb-hbm3"
+    Results(tmp_path, first, "gpu", H100, versions(), 480).write([], True)
+    assert results_stem(tmp_path, "2026-01-02", H100, cuda=True) == f"{first}-2"
+    assert results_stem(tmp_path, "2026-01-02", H100, cuda=False) == "2026-01-02-cpu-rehearsal"
+
+
+def test_the_history_says_which_checks_ran_on_a_gpu(tmp_path):
+    gpu = Results(tmp_path, "2026-01-02-nvidia-h100", "gpu", H100, versions(), 480)
+    train, memory = select(["train_debug", "memory_1b"])
+    gpu.write([record_for(train, "pass"), record_for(memory, "skip", "the total budget was spent")], True)
+    rehearsal = Results(tmp_path, "2026-01-03-cpu-rehearsal", "cpu-rehearsal", cpu_device(), versions(), 480)
+    rehearsal.write([record_for(c, "pass") for c in CHECKS], True)
+    table = history_table(tmp_path)
+    assert "| train_debug | NVIDIA H100 80GB HBM3 | pass | 2026-01-02-nvidia-h100.json |" in table
+    assert "| memory_1b | not yet |" in table  # skipped is not run
+    assert "| simple_fsdp | not yet |" in table  # a CPU rehearsal is not a GPU run
+
+
+def test_what_cannot_run_here_is_skipped_with_the_reason():
+    step_time = select(["step_time"])[0]
+    assert "not yet available" in skip_reason(step_time, True, (9, 0))
+    float8_only = Check("f8", "float8", "x:y", 10, needs=("cuda", "sm90"))
+    assert "sm90" in skip_reason(float8_only, True, (8, 0)) and skip_reason(float8_only, True, (9, 0)) == ""
+    cuda_only = Check("c", "cuda", "x:y", 10, rehearsal=False)
+    assert "needs CUDA" in skip_reason(cuda_only, False, None) and skip_reason(cuda_only, True, (8, 0)) == ""
+
+
+class ExactAllocator:
+    """Reserves exactly what is live: an allocator with no caching, which the model must not match."""
+
+    def __init__(self):
+        self.live, self.total = {}, 0
+
+    def malloc(self, nbytes):
+        handle = object()
+        self.live[handle], self.total = nbytes, self.total + nbytes
+        return handle
+
+    def free(self, handle):
+        self.total -= self.live.pop(handle)
+
+    def release(self):
+        pass
+
+    def reserved(self):
+        return self.total
+
+
+def test_the_allocator_comparison_finds_the_first_call_that_differs():
+    calls = allocator.random_calls(seed=0, calls=300)
+    assert {c[0] for c in calls} == {"alloc", "free", "release"}
+    same = allocator.Comparison()
+    allocator.replay_both(calls, allocator.ModelAllocator(None, False), allocator.ModelAllocator(None, False), same)
+    assert same.calls == same.equal == 300 and same.first_difference is None
+    different = allocator.Comparison()
+    allocator.replay_both(calls, ExactAllocator(), allocator.ModelAllocator(None, False), different)
+    assert different.first_difference["call"] == 0  # the model rounds the first request up to a segment
+    assert different.first_difference["real"] == calls[0][2]
+    assert different.equal < different.calls
+
+
+BENCH_OUTPUT = """
+  L=1024 B=1 lazy  setup   0.01s prefill  0.013s mixing     0.40s end-to-end     1.60s state  16.0 MiB peak 16.2 MiB
+  L=1024 B=1 eager setup   0.01s prefill  0.013s mixing     0.30s end-to-end     1.20s state  12.0 MiB peak 15.2 MiB
+  L=1024 B=1 flash setup   0.02s prefill  0.013s mixing     0.10s end-to-end     1.00s state  20.3 MiB peak 28.3 MiB
+L=1024 B=1: same tokens across lazy/eager/flash: True; max |logits - full forward|: lazy 2.6e-06 (atol 0.0001): PASS
+"""
+
+
+def test_the_hyena_figures_are_read_from_the_bench_lines_as_they_come():
+    rows, verdicts = hyena.parse(BENCH_OUTPUT)
+    assert verdicts == {(1024, 1): "PASS"}
+    figures = hyena.ratios(rows)
+    assert figures["L1024_B1_lazy_mixing_x"] == pytest.approx(4.0)
+    assert figures["L1024_B1_eager_e2e_x"] == pytest.approx(1.2)
+    partial, no_verdict = hyena.parse(BENCH_OUTPUT.splitlines()[1])  # a timeout after the first line
+    assert list(partial[(1024, 1)]) == ["lazy"] and not no_verdict and hyena.ratios(partial) == {}
+
+
+def test_training_figures_loss_trend_and_table1_order():
+    rows = [{"loss": loss, "tps": 100.0 * (i + 1)} for i, loss in enumerate([8.0, 7.9, 7.8, 7.0, 6.0, 5.0])]
+    first, last, falls = training.loss_trend(rows)
+    assert (first, last, falls) == (pytest.approx(7.9), pytest.approx(6.0), True)
+    assert not training.loss_trend([{"loss": 8.0}] * 3 + [{"loss": 7.9}] * 3)[2]  # ~1%: not a fall
+    assert training.steady(rows, "tps") == 500.0  # the median after the warm-up steps
+    in_order = training.speedups({"eager": 100.0, "compiled": 150.0, "compiled_float8": 180.0})
+    assert in_order["compiled_vs_eager"] == 1.5 and in_order["faster_in_table1_order"]
+    slower_float8 = training.speedups({"eager": 100.0, "compiled": 150.0, "compiled_float8": 140.0})
+    assert not slower_float8["faster_in_table1_order"]
+
+
+def rehearse(tmp_path, *only: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "results"
+    result = gpu_check("--rehearse-cpu", "--out", str(out), "--work", str(tmp_path / "work"), *only, timeout=900)
+    (json_file,) = out.glob("*-cpu-rehearsal.json")
+    return result, json.loads(json_file.read_text())
+
+
+def test_a_short_rehearsal_on_cpu_end_to_end(tmp_path):
+    result, document = rehearse(tmp_path, "--only", "allocator_model", "hyena_flash", "step_time")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statuses = {r["name"]: r["status"] for r in document["checks"]}
+    assert statuses == {"allocator_model": "pass", "hyena_flash": "pass", "step_time": "skip"}
+    checks = {r["name"]: r for r in document["checks"]}
+    assert checks["allocator_model"]["figures"]["expandable"]["equal"] == 3 * 500  # every call of 3 sequences
+    assert checks["hyena_flash"]["figures"]["verdicts"] == {"L256_B1": "PASS", "L512_B1": "PASS"}
+    assert "| allocator_model | pass |" in result.stdout and document["complete"]
+
+
+@pytest.mark.slow
+def test_the_full_rehearsal_on_cpu(tmp_path):
+    result, document = rehearse(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    statuses = {r["name"]: r["status"] for r in document["checks"]}
+    assert statuses == {c.name: "skip" if c.not_yet else "pass" for c in CHECKS}
+    comparisons = [c for r in document["checks"] for c in r["comparisons"] if r["name"].startswith("memory")]
+    assert comparisons and all(abs(c["rel_error"]) < 0.02 for c in comparisons)
