@@ -56,7 +56,7 @@ class Validator:
         """{"validation_loss", "validation_perplexity"} over the dataset (or `steps` global batches)."""
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            total, batches, global_batches = 0.0, 0, 0
+            total, global_batches = 0.0, 0
             data = iter(build_dataloader(**self.loader_args))
             rows, accumulation = self.loader_args["local_batch_size"], self.loader_args["accumulation_steps"]
             while self.steps == -1 or global_batches < self.steps:
@@ -68,15 +68,14 @@ class Validator:
                 for batch in local:
                     inputs, labels = (t.to(self.device) for t in batch)
                     total += self.model.mean_loss(self.model.forward_loss(inputs, labels))
-                    batches += 1
                 global_batches += 1
-        if batches == 0:
+        if global_batches == 0:
             raise ValueError(
                 f"validation.dataset={self.loader_args['dataset']!r} yields no batch of "
                 f"{self.loader_args['local_batch_size']} x {self.loader_args['seq_len']} tokens on some "
                 "data-parallel rank; use a larger dataset or smaller validation.local_batch_size / seq_len"
             )
-        loss = total / batches
+        loss = total / (global_batches * accumulation)  # the mean over equal-sized local batches
         return {"validation_loss": loss, "validation_perplexity": math.exp(min(loss, 700.0))}
 
 
