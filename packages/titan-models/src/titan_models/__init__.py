@@ -2,7 +2,7 @@
 
 Typical use (titan-train does this, with parallelism applied between build and init)::
 
-    spec = get_model_spec("llama3")   # or "hyena"
+    spec = get_model_spec("llama3")   # or "qwen3", "qwen3_moe", "hyena"
     args = spec.args_for("debug")
     with torch.device("meta"):
         model = spec.model_cls(args)
@@ -16,7 +16,7 @@ Generation (Llama 3 with a KV cache, Hyena with exact online long convolutions):
     new_tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, strategy="flash")
 """
 
-from titan_models import hyena, llama3
+from titan_models import hyena, llama3, moe, qwen3
 from titan_models.hyena import HyenaArgs, HyenaLM
 from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling
 from titan_models.plan import ModelPlan
@@ -37,5 +37,7 @@ __all__ = [
     "hyena",
     "list_models",
     "llama3",
+    "moe",
+    "qwen3",
     "register_model",
 ]

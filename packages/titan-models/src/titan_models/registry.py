@@ -91,6 +91,24 @@ def _register_builtin_models() -> None:
             hf_adapter=Llama3HFAdapter,
         )
     )
+    from titan_models.qwen3 import FLAVORS as QWEN3_FLAVORS
+    from titan_models.qwen3 import MOE_FLAVORS as QWEN3_MOE_FLAVORS
+    from titan_models.qwen3 import Qwen3HFAdapter, Qwen3MoeHFAdapter, qwen3_plan
+
+    for name, flavors, adapter in (
+        ("qwen3", QWEN3_FLAVORS, Qwen3HFAdapter),
+        ("qwen3_moe", QWEN3_MOE_FLAVORS, Qwen3MoeHFAdapter),
+    ):
+        register_model(
+            ModelSpec(
+                name=name,
+                flavors=flavors,
+                model_cls=Llama3,  # the decoder Llama 3 and Qwen3 share; the args carry the differences
+                plan=qwen3_plan,
+                flops_per_token=flops_per_token,
+                hf_adapter=adapter,
+            )
+        )
     register_model(
         ModelSpec(
             name="hyena",

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_models.llama3.model import Llama3, repeat_kv
-from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
+from titan_models.llama3.rope import precompute_freqs_cis
 
 
 class LlamaDecoder:
@@ -64,11 +64,7 @@ class LlamaDecoder:
         h = self.model.tok_embeddings(tokens)
         for index, layer in enumerate(self.model.layers.values()):
             attention = layer.attention
-            x = layer.attention_norm(h)
-            xq = attention.wq(x).view(bs, seqlen, -1, attention.head_dim)
-            xk = attention.wk(x).view(bs, seqlen, -1, attention.head_dim)
-            xv = attention.wv(x).view(bs, seqlen, -1, attention.head_dim)
-            xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+            xq, xk, xv = attention.project(layer.attention_norm(h), freqs_cis)
             self.keys[index][:bs, start:end] = xk
             self.values[index][:bs, start:end] = xv
             keys, values = self.keys[index][:bs, :end], self.values[index][:bs, :end]

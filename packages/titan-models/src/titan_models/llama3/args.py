@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titan_models.moe.args import MoEArgs
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -25,7 +27,9 @@ class RopeScaling:
 
 @dataclass
 class Llama3Args:
-    """Shape of a Llama 3 model. Field names follow Meta's reference and TorchTitan."""
+    """Shape of a Llama 3 model, and of the decoders that vary it as data (Qwen3: per-head q/k norm and its
+    own head width; Qwen3-MoE: sparse feed-forward layers). Field names follow Meta's reference and
+    TorchTitan."""
 
     dim: int = 4096
     """Width of the residual stream (hidden size)."""
@@ -55,13 +59,25 @@ class Llama3Args:
     tie_word_embeddings: bool = False
     """The output projection reuses the token embedding matrix (Llama 3.2 1B / 3B): one parameter, read
     by both, its gradient the sum of both uses."""
+    attention_head_dim: int | None = None
+    """Width of each attention head; None means dim // n_heads (Llama 3). Qwen3 sets it on its own (e.g. 128
+    with dim 1024 and 16 heads)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key, before RoPE (Qwen3)."""
+    moe: MoEArgs | None = None
+    """Mixture-of-experts feed-forward layers (which ones: moe.sparse_step and moe.dense_layers); None: every
+    layer is a dense SwiGLU."""
     depth_init: bool = True
     """If True the output projections of block i use std 0.02 / sqrt(2 * (i + 1)); if False every block
     uses 0.02 / sqrt(2 * n_layers). Both keep the residual stream's variance from growing with depth."""
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attention_head_dim or self.dim // self.n_heads
+
+    def is_sparse(self, layer_id: int) -> bool:
+        """Whether block `layer_id` holds a mixture of experts instead of a dense SwiGLU."""
+        return self.moe is not None and self.moe.is_sparse(layer_id)
 
     @property
     def num_kv_heads(self) -> int:
@@ -91,7 +107,13 @@ class Llama3Args:
             raise ValueError(
                 f"Llama3Args.n_kv_heads={self.n_kv_heads!r} must be a positive integer or None (= n_heads)"
             )
-        if self.dim % self.n_heads:
+        if self.attention_head_dim is not None and (
+            not isinstance(self.attention_head_dim, int) or self.attention_head_dim <= 0
+        ):
+            raise ValueError(
+                f"Llama3Args.attention_head_dim={self.attention_head_dim!r} must be a positive integer or None"
+            )
+        if self.attention_head_dim is None and self.dim % self.n_heads:
             raise ValueError(
                 f"Llama3Args.dim={self.dim} is not divisible by n_heads={self.n_heads}; dim must be n_heads * head_dim"
             )
@@ -105,6 +127,10 @@ class Llama3Args:
                 f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
                 f"each key/value head must serve the same number of query heads"
             )
+        if self.moe is not None:
+            if not isinstance(self.moe, MoEArgs):
+                raise ValueError(f"Llama3Args.moe={self.moe!r} must be a MoEArgs or None")
+            self.moe.validate("Llama3Args.moe")
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(f"Llama3Args.tie_word_embeddings={self.tie_word_embeddings!r} must be true or false")
         if self.ffn_dim_multiplier is not None and not self.ffn_dim_multiplier > 0:

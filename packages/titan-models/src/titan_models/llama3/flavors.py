@@ -25,7 +25,11 @@ def _hf_config_file(flavor: object) -> Path | None:
 
 class Flavors(dict):
     """The named flavors; `hf:<folder>` keys are read from the folder's config.json on lookup (they are
-    neither stored nor listed)."""
+    neither stored nor listed) by `read_config` (config.json -> args; Llama 3's unless given)."""
+
+    def __init__(self, flavors: dict, read_config=args_from_hf_config, family: str = "Llama 3"):
+        super().__init__(flavors)
+        self.read_config, self.family = read_config, family
 
     def __contains__(self, flavor: object) -> bool:
         return super().__contains__(flavor) or _hf_config_file(flavor) is not None
@@ -37,9 +41,9 @@ class Flavors(dict):
         if file is None:
             raise KeyError(flavor)
         try:
-            return args_from_hf_config(json.loads(file.read_text()))
+            return self.read_config(json.loads(file.read_text()))
         except (ValueError, KeyError) as e:
-            raise ValueError(f"{file} does not describe a Llama 3 model this package builds: {e}") from e
+            raise ValueError(f"{file} does not describe a {self.family} model this package builds: {e}") from e
 
 
 FLAVORS: dict[str, Llama3Args] = Flavors(

@@ -21,25 +21,37 @@ def num_params(model: nn.Module, exclude_embedding: bool = True) -> int:
     return total
 
 
-def count_params(args: Llama3Args, exclude_embedding: bool = True) -> int:
-    """num_params of Transformer(args), from the shapes alone."""
+def count_params(args: Llama3Args, exclude_embedding: bool = True, active: bool = False) -> int:
+    """num_params of Llama3(args), from the shapes alone. active: count only what one token computes with
+    (in a sparse layer the router, top_k routed experts and the shared experts), as MFU needs."""
+    q_dim = args.n_heads * args.head_dim
     kv_dim = args.num_kv_heads * args.head_dim
-    attention = 2 * args.dim * args.dim + 2 * args.dim * kv_dim
-    feed_forward = 3 * args.dim * args.hidden_dim
+    attention = 2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0)
     norms = 2 * args.dim
-    total = args.n_layers * (attention + feed_forward + norms) + args.dim + args.vocab_size * args.dim
+    total = args.dim + args.vocab_size * args.dim
+    for layer_id in range(args.n_layers):
+        total += attention + norms + _feed_forward_params(args, layer_id, active)
     if not exclude_embedding and not args.tie_word_embeddings:
         total += args.vocab_size * args.dim
     return total
 
 
+def _feed_forward_params(args: Llama3Args, layer_id: int, active: bool) -> int:
+    if not args.is_sparse(layer_id):
+        return 3 * args.dim * args.hidden_dim
+    moe = args.moe
+    routed = moe.top_k if active else moe.num_experts
+    return args.dim * moe.num_experts + 3 * args.dim * moe.hidden_dim * (routed + moe.num_shared_experts)
+
+
 def flops_per_token(args: Llama3Args, seq_len: int) -> int:
     """Training FLOPs per token: 6 * N + 12 * n_layers * n_heads * head_dim * seq_len.
 
-    6 * N (N = non-embedding parameters): each weight does one multiply-add (2 FLOPs) per token in the
+    6 * N (N = non-embedding parameters a token is computed with: a mixture of experts counts its active
+    experts only, so MFU is not inflated by experts a token never visits): each weight does one multiply-add (2 FLOPs) per token in the
     forward pass and two in the backward pass (gradients w.r.t. inputs and weights). The second term is
     the attention scores (QK^T) and weighted values (AV), which have no parameters: 2 matmuls of
     n_heads * head_dim * seq_len multiply-adds per token per layer, times 3 for fwd + bwd, times 2
     FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022, appendix B) and TorchTitan.
     """
-    return 6 * count_params(args) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    return 6 * count_params(args, active=True) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len

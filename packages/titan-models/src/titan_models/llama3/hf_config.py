@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.moe.args import MoEArgs
 
 
 def args_from_dict(fields: dict[str, Any]) -> Llama3Args:
@@ -22,6 +23,10 @@ def args_from_dict(fields: dict[str, Any]) -> Llama3Args:
         raise ValueError(f"Llama3Args has no field(s) {', '.join(unknown)}; was this written by a newer titan-models?")
     if isinstance(fields.get("rope_scaling"), dict):
         fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
+    if isinstance(fields.get("moe"), dict):
+        moe = dict(fields["moe"])
+        moe["dense_layers"] = tuple(moe.get("dense_layers", ()))
+        fields["moe"] = MoEArgs(**moe)
     return Llama3Args(**fields)
 
 
@@ -71,18 +76,25 @@ def args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
     if "LlamaForCausalLM" not in architectures:
         raise ValueError(f"config architectures={architectures} is not LlamaForCausalLM")
-    for bias in ("attention_bias", "mlp_bias"):
-        if config.get(bias, False):
-            raise ValueError(f"config {bias}=true is not supported: our Llama 3 projections have no bias")
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config hidden_act={config['hidden_act']!r} is not supported: Llama 3's SwiGLU uses silu")
+    if config.get("mlp_bias", False):
+        raise ValueError("config mlp_bias=true is not supported: our Llama 3 projections have no bias")
     dim, n_heads = config["hidden_size"], config["num_attention_heads"]
     if config.get("head_dim") not in (None, dim // n_heads):
         raise ValueError(
             f"config head_dim={config['head_dim']} differs from hidden_size / num_attention_heads = "
             f"{dim // n_heads}; not supported"
         )
+    args = Llama3Args(**decoder_fields(config, default_eps=1e-5))
+    args.validate()
+    return args
 
+
+def decoder_fields(config: dict[str, Any], default_eps: float) -> dict[str, Any]:
+    """The Llama3Args fields every decoder sharing Llama's config.json keys reads (Llama 3, Qwen3)."""
+    if config.get("attention_bias", False):
+        raise ValueError("config attention_bias=true is not supported: our attention projections have no bias")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config hidden_act={config['hidden_act']!r} is not supported: SwiGLU here uses silu")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -97,19 +109,17 @@ def args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
         scaling = None
     else:
         raise ValueError(f"config rope_type={rope_type!r} is not supported; expected 'llama3' or 'default'")
-
-    args = Llama3Args(
-        dim=dim,
-        n_layers=config["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=config.get("num_key_value_heads", n_heads),
-        vocab_size=config["vocab_size"],
-        ffn_hidden_dim=config["intermediate_size"],
-        norm_eps=config.get("rms_norm_eps", 1e-5),
-        rope_theta=float(rope_theta),
-        rope_scaling=scaling,
-        max_seq_len=config.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
-    args.validate()
-    return args
+    n_heads = config["num_attention_heads"]
+    return {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": n_heads,
+        "n_kv_heads": config.get("num_key_value_heads", n_heads),
+        "vocab_size": config["vocab_size"],
+        "ffn_hidden_dim": config["intermediate_size"],
+        "norm_eps": config.get("rms_norm_eps", default_eps),
+        "rope_theta": float(rope_theta),
+        "rope_scaling": scaling,
+        "max_seq_len": config.get("max_position_embeddings", 2048),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+    }

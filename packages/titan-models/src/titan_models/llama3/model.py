@@ -11,6 +11,7 @@ from torch import nn
 
 from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
+from titan_models.moe import MoE, load_balance_loss
 from titan_models.seeded_init import SeededInit
 
 
@@ -71,7 +72,8 @@ def block_causal_mask(document_ids: torch.Tensor, causal: bool = True) -> torch.
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with RoPE."""
+    """Causal grouped-query self-attention with RoPE; with args.qk_norm (Qwen3) each head's query and key are
+    RMS-normalised before the rotation."""
 
     def __init__(self, args: Llama3Args):
         super().__init__()
@@ -80,6 +82,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
         self.inner_attention = ScaledDotProductAttention(is_causal=True)
 
     def forward(
@@ -89,11 +93,7 @@ class Attention(nn.Module):
         inputs by position: (x, freqs_cis); document_ids (see ScaledDotProductAttention) is passed by
         keyword, which the plan leaves alone."""
         bs, seqlen, _ = x.shape
-        # -1 heads, not n_heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
-        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
-        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
-        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
-        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        xq, xk, xv = self.project(x, freqs_cis)
 
         # Repeat K/V explicitly rather than SDPA's enable_gqa, so every SDPA backend and context-parallel
         # ring attention see equal head counts.
@@ -105,10 +105,26 @@ class Attention(nn.Module):
         out = self.inner_attention(q, k, v) if document_ids is None else self.inner_attention(q, k, v, document_ids)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
+    def project(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values [bs, seqlen, heads, head_dim], queries and keys normalised (qk_norm) and
+        rotated; shared with KV-cache decoding."""
+        bs, seqlen, _ = x.shape
+        # -1 heads, not n_heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        if self.q_norm is not None:
+            xq, xk = self.q_norm(xq), self.k_norm(xk)
+        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        return xq, xk, xv
+
     def init_weights(self, init: SeededInit, init_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
             init.trunc_normal_(linear.weight, std=0.02)
         init.trunc_normal_(self.wo.weight, std=init_std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()
 
 
 class FeedForward(nn.Module):
@@ -130,12 +146,17 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: attention then SwiGLU."""
+    """Pre-norm residual block: attention then SwiGLU, or a mixture of SwiGLU experts in a sparse layer."""
 
     def __init__(self, layer_id: int, args: Llama3Args):
         super().__init__()
         self.attention = Attention(args)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.feed_forward: FeedForward | MoE
+        if args.is_sparse(layer_id):
+            shared = args.moe.num_shared_experts * args.moe.hidden_dim
+            self.feed_forward = MoE(args.dim, args.moe, FeedForward(args.dim, shared) if shared else None)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.hidden_dim)
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         # Smaller std for the projections that write into the residual stream, so its variance does not
@@ -178,6 +199,8 @@ class Llama3(nn.Module):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
         self.positions: torch.Tensor | None = None
+        self.aux_loss: torch.Tensor | None = None
+        self.expert_load: torch.Tensor | None = None
 
     def tie_weights(self) -> None:
         """With args.tie_word_embeddings, make output.weight the embedding's own parameter. Called again by
@@ -248,8 +271,43 @@ class Llama3(nn.Module):
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
         for layer in self.layers.values():
             h = layer(h, freqs_cis, document_ids=document_ids)
+        self._read_routing()
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+    def moe_layers(self) -> dict[str, MoE]:
+        """The mixture-of-experts layers this (possibly partial) model holds, by block key."""
+        return {key: layer.feed_forward for key, layer in self.layers.items() if isinstance(layer.feed_forward, MoE)}
+
+    def _read_routing(self) -> None:
+        """After the blocks: the forward's auxiliary loss (unweighted, None without one) and, when gradients
+        are on (training), the tokens each expert got, added to `expert_load` ([moe layers, experts]).
+        Read here, outside the blocks, so activation checkpointing's recompute (which re-runs the routers)
+        counts nothing twice."""
+        moe_layers = list(self.moe_layers().values())
+        if not moe_layers:
+            return
+        routings = [layer.routing for layer in moe_layers]
+        shapes = [layer.batch_shape for layer in moe_layers]
+        for layer in moe_layers:  # held from here on by the loss's graph alone
+            layer.routing = None
+        self.aux_loss = load_balance_loss(self.args.moe.load_balance, routings, shapes)
+        if torch.is_grad_enabled():
+            load = torch.stack([r.tokens_per_expert for r in routings])
+            self.expert_load = load if self.expert_load is None else self.expert_load + load
+
+    def take_expert_load(self) -> torch.Tensor | None:
+        """The tokens per expert routed since the last call ([moe layers, experts], int64), and reset."""
+        load, self.expert_load = self.expert_load, None
+        return load
+
+    def update_expert_bias(self, load: torch.Tensor) -> None:
+        """Auxiliary-loss-free balancing: move each MoE layer's selection bias against `load` (the step's
+        tokens per expert over every data-parallel rank and micro-batch, as take_expert_load orders them)."""
+        if self.args.moe is None or self.args.moe.load_balance != "aux_loss_free":
+            return
+        for layer, layer_load in zip(self.moe_layers().values(), load, strict=True):
+            layer.router.update_bias(layer_load)
 
 
 Transformer = Llama3

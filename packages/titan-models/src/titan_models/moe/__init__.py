@@ -1,0 +1,23 @@
+"""Mixture of experts, parallelism-agnostic: router, grouped experts, the layer and its load balancing."""
+
+from titan_models.moe.args import LOAD_BALANCE_CHOICES, MoEArgs
+from titan_models.moe.balance import load_balance_loss, sequence_aux_loss, switch_aux_loss
+from titan_models.moe.experts import GroupedExperts
+from titan_models.moe.grouped_mm import grouped_mm, grouped_mm_loop, grouped_mm_supported
+from titan_models.moe.layer import MoE
+from titan_models.moe.router import Routing, TopKRouter
+
+__all__ = [
+    "LOAD_BALANCE_CHOICES",
+    "GroupedExperts",
+    "MoE",
+    "MoEArgs",
+    "Routing",
+    "TopKRouter",
+    "grouped_mm",
+    "grouped_mm_loop",
+    "grouped_mm_supported",
+    "load_balance_loss",
+    "sequence_aux_loss",
+    "switch_aux_loss",
+]

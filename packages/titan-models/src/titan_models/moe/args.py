@@ -1,0 +1,74 @@
+"""Shape and routing of a mixture-of-experts feed-forward layer, as data a decoder's args carry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LOAD_BALANCE_CHOICES = ("aux_loss", "sequence_aux_loss", "aux_loss_free", "none")
+
+
+@dataclass(frozen=True)
+class MoEArgs:
+    """A sparse feed-forward layer: a router picks `top_k` of `num_experts` SwiGLU experts per token.
+
+    Field names follow DeepSeek-V3 / TorchTitan; the Hugging Face name is given where it differs.
+    """
+
+    num_experts: int = 8
+    """Routed experts per MoE layer (HF: num_experts / n_routed_experts)."""
+    top_k: int = 2
+    """Experts each token is sent to (HF: num_experts_per_tok)."""
+    hidden_dim: int = 256
+    """SwiGLU hidden size of one routed expert (HF: moe_intermediate_size)."""
+    score_func: Literal["softmax", "sigmoid"] = "softmax"
+    """How router logits become scores, in fp32: softmax over experts (Qwen3-MoE) or a sigmoid per expert
+    (DeepSeek-V3)."""
+    norm_topk_prob: bool = False
+    """Renormalise the top-k scores of a token to sum to 1 (HF: norm_topk_prob)."""
+    routed_scaling_factor: float = 1.0
+    """Multiplies the routed experts' weighted sum (DeepSeek-V3: 2.5)."""
+    num_shared_experts: int = 0
+    """Experts every token goes through (DeepSeek-V3 / Qwen2-MoE style), computed as one SwiGLU of
+    num_shared_experts * hidden_dim hidden units."""
+    sparse_step: int = 1
+    """Layer i is sparse when (i + 1) % sparse_step == 0 (HF: decoder_sparse_step)."""
+    dense_layers: tuple[int, ...] = ()
+    """Layers that keep a dense SwiGLU whatever sparse_step says (HF: mlp_only_layers; DeepSeek-V3's
+    first_k_dense_replace = k is (0, ..., k - 1))."""
+    load_balance: Literal["aux_loss", "sequence_aux_loss", "aux_loss_free", "none"] = "aux_loss"
+    """How experts are kept evenly loaded: "aux_loss", the Switch-style auxiliary loss as Hugging Face
+    computes it for Qwen3-MoE (token fractions times mean probabilities, over all MoE layers of a forward);
+    "sequence_aux_loss", DeepSeek-V3's per-sequence auxiliary loss (summed over layers); "aux_loss_free",
+    DeepSeek-V3's per-expert bias added to the scores for selection only, moved by bias_update_rate after
+    each optimizer step against the load of the step; "none"."""
+    aux_loss_coef: float = 0.001
+    """Weight of the auxiliary loss in the training objective (HF: router_aux_loss_coef)."""
+    bias_update_rate: float = 0.001
+    """aux_loss_free: how far one step moves an expert's bias (DeepSeek-V3's gamma)."""
+
+    def is_sparse(self, layer_id: int) -> bool:
+        return layer_id not in self.dense_layers and (layer_id + 1) % self.sparse_step == 0
+
+    def validate(self, owner: str = "MoEArgs") -> None:
+        """Raise ValueError naming the first field that cannot build the layer."""
+        for name in ("num_experts", "top_k", "hidden_dim", "sparse_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{owner}.{name}={value!r} must be a positive integer")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"{owner}.top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        if self.score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"{owner}.score_func={self.score_func!r} must be 'softmax' or 'sigmoid'")
+        if self.load_balance not in LOAD_BALANCE_CHOICES:
+            raise ValueError(
+                f"{owner}.load_balance={self.load_balance!r} must be one of {', '.join(LOAD_BALANCE_CHOICES)}"
+            )
+        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
+            raise ValueError(f"{owner}.num_shared_experts={self.num_shared_experts!r} must be an integer >= 0")
+        if not self.aux_loss_coef >= 0:
+            raise ValueError(f"{owner}.aux_loss_coef={self.aux_loss_coef!r} must be >= 0")
+        if not self.bias_update_rate >= 0:
+            raise ValueError(f"{owner}.bias_update_rate={self.bias_update_rate!r} must be >= 0")
+        if not self.routed_scaling_factor > 0:
+            raise ValueError(f"{owner}.routed_scaling_factor={self.routed_scaling_factor!r} must be > 0")

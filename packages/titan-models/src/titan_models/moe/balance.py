@@ -1,0 +1,46 @@
+"""Load balancing across experts: the auxiliary losses, read from the routings of one forward."""
+
+from __future__ import annotations
+
+import torch
+
+from titan_models.moe.router import Routing
+
+
+def _probabilities(routing: Routing) -> torch.Tensor:
+    """Each token's scores as a distribution over experts (sigmoid scores are normalised)."""
+    scores = routing.scores
+    return scores / scores.sum(dim=-1, keepdim=True)
+
+
+def switch_aux_loss(routings: list[Routing]) -> torch.Tensor:
+    """The auxiliary loss Hugging Face computes for Qwen3-MoE (`load_balancing_loss_func` without a mask):
+    num_experts * sum_e f_e * P_e, where f_e is the fraction of (token, choice) pairs sent to expert e and P_e
+    its mean probability, both pooled over the tokens of every MoE layer given (not per layer)."""
+    num_experts = routings[0].scores.shape[-1]
+    rows = sum(r.scores.shape[0] for r in routings)
+    assigned = torch.stack([r.tokens_per_expert for r in routings]).sum(0).float() / rows
+    probability = torch.stack([_probabilities(r).sum(0) for r in routings]).sum(0) / rows
+    return num_experts * (assigned * probability).sum()
+
+
+def sequence_aux_loss(routing: Routing, batch_shape: tuple[int, int]) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss of one layer (equations 17-20, without alpha): per sequence,
+    sum_e f_e * P_e with f_e = num_experts / (top_k * seqlen) * tokens routed to e and P_e the mean normalised
+    score of e; averaged over the sequences."""
+    bs, seqlen = batch_shape
+    num_experts, top_k = routing.scores.shape[-1], routing.experts.shape[-1]
+    chosen = torch.zeros(bs, seqlen * top_k, num_experts, device=routing.scores.device)
+    chosen.scatter_(2, routing.experts.reshape(bs, seqlen * top_k, 1), 1.0)
+    fraction = chosen.sum(1) * num_experts / (top_k * seqlen)
+    probability = _probabilities(routing).reshape(bs, seqlen, num_experts).mean(1)
+    return (fraction * probability).sum(-1).mean()
+
+
+def load_balance_loss(kind: str, routings: list[Routing], batch_shapes: list[tuple[int, int]]) -> torch.Tensor | None:
+    """The unweighted auxiliary loss `kind` asks for over these layers' routings, or None (no loss)."""
+    if not routings or kind not in ("aux_loss", "sequence_aux_loss"):
+        return None
+    if kind == "aux_loss":
+        return switch_aux_loss(routings)
+    return sum(sequence_aux_loss(r, shape) for r, shape in zip(routings, batch_shapes, strict=True))

@@ -1,0 +1,68 @@
+"""Top-k token routing: scores in fp32, a per-expert selection bias for auxiliary-loss-free balancing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_models.moe.args import MoEArgs
+
+
+@dataclass
+class Routing:
+    """Where one forward sent its tokens ([tokens] = bs * seqlen, in order)."""
+
+    experts: torch.Tensor
+    """[tokens, top_k] chosen expert ids."""
+    weights: torch.Tensor
+    """[tokens, top_k] the weights their outputs are summed with (fp32)."""
+    scores: torch.Tensor
+    """[tokens, num_experts] every expert's score (fp32, differentiable): what the auxiliary losses read."""
+    tokens_per_expert: torch.Tensor
+    """[num_experts] int64 count of (token, expert) assignments."""
+
+
+class TopKRouter(nn.Module):
+    """Linear scores over experts (`gate.weight` [num_experts, dim] in Hugging Face), the top-k of them.
+
+    With load_balance = "aux_loss_free", `expert_bias` (a checkpointed buffer) is added to the scores to
+    choose the experts but not to weight them (DeepSeek-V3, "Auxiliary-Loss-Free Load Balancing").
+    """
+
+    def __init__(self, dim: int, moe: MoEArgs):
+        super().__init__()
+        self.moe = moe
+        self.gate = nn.Linear(dim, moe.num_experts, bias=False)
+        aux_free = moe.load_balance == "aux_loss_free"
+        # Persistent only when used: a model trained without it checkpoints and exports no bias.
+        self.register_buffer("expert_bias", torch.zeros(moe.num_experts), persistent=aux_free)
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """x [tokens, dim] -> the routing of each token."""
+        moe = self.moe
+        logits = F.linear(x.float(), self.gate.weight.float())
+        scores = logits.softmax(dim=-1) if moe.score_func == "softmax" else logits.sigmoid()
+        selection = scores + self.expert_bias if moe.load_balance == "aux_loss_free" else scores
+        experts = selection.topk(moe.top_k, dim=-1).indices
+        weights = scores.gather(-1, experts)
+        if moe.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * moe.routed_scaling_factor
+        with torch.no_grad():
+            counts = torch.zeros(moe.num_experts, device=x.device, dtype=torch.int64)
+            counts.scatter_add_(0, experts.reshape(-1), torch.ones_like(experts.reshape(-1)))
+        return Routing(experts, weights, scores, counts)
+
+    @torch.no_grad()
+    def update_bias(self, tokens_per_expert: torch.Tensor) -> None:
+        """Move each expert's bias by bias_update_rate toward the mean load: up when it got fewer tokens than
+        the mean, down when more (tokens_per_expert: this layer's counts over the whole step)."""
+        load = tokens_per_expert.to(self.expert_bias.device, torch.float32)
+        self.expert_bias.add_(self.moe.bias_update_rate * torch.sign(load.mean() - load))
+
+    def reset_parameters(self, init, std: float = 0.02) -> None:
+        init.trunc_normal_(self.gate.weight, std=std)
+        self.expert_bias.zero_()
