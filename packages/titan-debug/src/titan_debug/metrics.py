@@ -158,6 +158,8 @@ _CONSOLE_FIELDS = (
     ("mfu", "mfu", lambda v: f"{100 * v:.1f}%"),
     ("memory", "mem", lambda v: f"{v:.2f}GiB"),
     ("memory_pp", "mem/pp-rank", lambda v: f"{v:.2f}GiB"),
+    ("aux_loss", "aux_loss", lambda v: f"{v:.4f}"),
+    ("expert_imbalance", "imbalance", lambda v: f"{v:.2f}"),
     ("validation_loss", "validation_loss", lambda v: f"{v:.4f}"),
     ("validation_perplexity", "validation_perplexity", lambda v: f"{v:.2f}"),
 )

@@ -11,7 +11,7 @@ from torch import nn
 
 from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
-from titan_models.moe import MoE, load_balance_loss
+from titan_models.moe import MoE, add_aux_loss_grad, load_balance_loss
 from titan_models.seeded_init import SeededInit
 
 
@@ -201,6 +201,8 @@ class Llama3(nn.Module):
         self.positions: torch.Tensor | None = None
         self.aux_loss: torch.Tensor | None = None
         self.expert_load: torch.Tensor | None = None
+        self.aux_loss_sum, self.routed_forwards = 0.0, 0
+        self.loss_weight = 1.0
 
     def tie_weights(self) -> None:
         """With args.tie_word_embeddings, make output.weight the embedding's own parameter. Called again by
@@ -271,7 +273,7 @@ class Llama3(nn.Module):
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
         for layer in self.layers.values():
             h = layer(h, freqs_cis, document_ids=document_ids)
-        self._read_routing()
+        h = self._read_routing(h)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
@@ -279,14 +281,19 @@ class Llama3(nn.Module):
         """The mixture-of-experts layers this (possibly partial) model holds, by block key."""
         return {key: layer.feed_forward for key, layer in self.layers.items() if isinstance(layer.feed_forward, MoE)}
 
-    def _read_routing(self) -> None:
-        """After the blocks: the forward's auxiliary loss (unweighted, None without one) and, when gradients
-        are on (training), the tokens each expert got, added to `expert_load` ([moe layers, experts]).
-        Read here, outside the blocks, so activation checkpointing's recompute (which re-runs the routers)
-        counts nothing twice."""
+    def set_loss_weight(self, weight: float) -> None:
+        """How much one unit of the next forwards' training loss weighs in the gradient (e.g. 1 / micro-batches):
+        the auxiliary load-balancing loss joins the gradient with weight x moe.aux_loss_coef."""
+        self.loss_weight = weight
+
+    def _read_routing(self, h: torch.Tensor) -> torch.Tensor:
+        """After the blocks: the forward's auxiliary loss (`aux_loss`, unweighted; None without one), put into
+        the gradient through `h`, and when gradients are on (training) the tokens each expert got, added to
+        `expert_load` ([moe layers, experts]). Read here, outside the blocks, so activation checkpointing's
+        recompute (which re-runs the routers) counts nothing twice."""
         moe_layers = list(self.moe_layers().values())
         if not moe_layers:
-            return
+            return h
         routings = [layer.routing for layer in moe_layers]
         shapes = [layer.batch_shape for layer in moe_layers]
         for layer in moe_layers:  # held from here on by the loss's graph alone
@@ -295,15 +302,21 @@ class Llama3(nn.Module):
         if torch.is_grad_enabled():
             load = torch.stack([r.tokens_per_expert for r in routings])
             self.expert_load = load if self.expert_load is None else self.expert_load + load
+            self.routed_forwards += 1
+            if self.aux_loss is not None:
+                self.aux_loss_sum += self.aux_loss.detach()
+        return add_aux_loss_grad(h, self.aux_loss, self.args.moe.aux_loss_coef * self.loss_weight)
 
-    def take_expert_load(self) -> torch.Tensor | None:
-        """The tokens per expert routed since the last call ([moe layers, experts], int64), and reset."""
-        load, self.expert_load = self.expert_load, None
-        return load
+    def take_routing_stats(self) -> tuple[torch.Tensor | None, float, int]:
+        """Since the last call (and reset): the tokens per expert routed in training forwards ([moe layers,
+        experts], int64; None without MoE layers), the sum of their auxiliary losses and their number."""
+        stats = (self.expert_load, float(self.aux_loss_sum), self.routed_forwards)
+        self.expert_load, self.aux_loss_sum, self.routed_forwards = None, 0.0, 0
+        return stats
 
     def update_expert_bias(self, load: torch.Tensor) -> None:
         """Auxiliary-loss-free balancing: move each MoE layer's selection bias against `load` (the step's
-        tokens per expert over every data-parallel rank and micro-batch, as take_expert_load orders them)."""
+        tokens per expert over every data-parallel rank and micro-batch, as take_routing_stats orders them)."""
         if self.args.moe is None or self.args.moe.load_balance != "aux_loss_free":
             return
         for layer, layer_load in zip(self.moe_layers().values(), load, strict=True):

@@ -1,7 +1,7 @@
 """Mixture of experts, parallelism-agnostic: router, grouped experts, the layer and its load balancing."""
 
 from titan_models.moe.args import LOAD_BALANCE_CHOICES, MoEArgs
-from titan_models.moe.balance import load_balance_loss, sequence_aux_loss, switch_aux_loss
+from titan_models.moe.balance import add_aux_loss_grad, load_balance_loss, sequence_aux_loss, switch_aux_loss
 from titan_models.moe.experts import GroupedExperts
 from titan_models.moe.grouped_mm import grouped_mm, grouped_mm_loop, grouped_mm_supported
 from titan_models.moe.layer import MoE
@@ -14,6 +14,7 @@ __all__ = [
     "MoEArgs",
     "Routing",
     "TopKRouter",
+    "add_aux_loss_grad",
     "grouped_mm",
     "grouped_mm_loop",
     "grouped_mm_supported",

@@ -44,3 +44,27 @@ def load_balance_loss(kind: str, routings: list[Routing], batch_shapes: list[tup
     if kind == "aux_loss":
         return switch_aux_loss(routings)
     return sum(sequence_aux_loss(r, shape) for r, shape in zip(routings, batch_shapes, strict=True))
+
+
+class _AddAuxLossGrad(torch.autograd.Function):
+    """Identity on `hidden`; its backward also sends `weight` as the gradient of `aux_loss`. The auxiliary loss
+    so joins the objective through the tensor every backward already passes (a pipeline stage's output
+    included), without being added to the reported loss."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, aux_loss: torch.Tensor, weight: float) -> torch.Tensor:
+        ctx.weight = weight
+        ctx.aux_shape, ctx.aux_dtype = aux_loss.shape, aux_loss.dtype
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        aux_grad = torch.full(ctx.aux_shape, ctx.weight, dtype=ctx.aux_dtype, device=grad.device)
+        return grad, aux_grad, None
+
+
+def add_aux_loss_grad(hidden: torch.Tensor, aux_loss: torch.Tensor | None, weight: float) -> torch.Tensor:
+    """`hidden`, through which backward adds `weight` * d(aux_loss) (nothing when there is no loss to train)."""
+    if aux_loss is None or not aux_loss.requires_grad or weight == 0 or not torch.is_grad_enabled():
+        return hidden
+    return _AddAuxLossGrad.apply(hidden, aux_loss, weight)

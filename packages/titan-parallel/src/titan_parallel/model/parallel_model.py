@@ -36,6 +36,7 @@ from titan_parallel.loss.chunked_loss import HeadLoss
 from titan_parallel.model.applied_layout import describe_applied
 from titan_parallel.model.clip_grad import clip_grad_norm_
 from titan_parallel.model.compile import apply_compile
+from titan_parallel.model.expert_balance import RoutingReport, balance_experts, set_loss_weight
 from titan_parallel.model.layout import DataParallel, Layout
 from titan_parallel.params.stored_params import sharded_params
 from titan_parallel.pp.pipeline import Pipeline, build_pipeline
@@ -238,9 +239,11 @@ class ParallelModel:
         autocast = torch.autocast(inputs.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
         with loss_context(self.layout.loss_parallel):  # backward too: the loss's backward is sharded alike
             if self._pipeline is not None:
+                set_loss_weight(self.parts, scale / self._pipeline.n_microbatches)
                 # The schedule runs forward and backward of every micro-batch.
                 with autocast, self._head_loss.bypass():
                     return self._pipeline.step(inputs, labels, scale, kwargs)
+            set_loss_weight(self.parts, scale)
             with autocast:
                 loss = self._head_loss(self._output(inputs, kwargs), labels) * scale
             loss.backward()  # no name holds the output (e.g. all the logits) through backward
@@ -289,8 +292,12 @@ class ParallelModel:
         group = self._pipeline.group if self._pipeline is not None else None
         return clip_grad_norm_(self.parameters(), max_norm or math.inf, pp_group=group).item()
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self) -> RoutingReport | None:
+        """Float8 scales and such (the converter's), then mixture-of-experts balancing: the step's tokens per
+        expert summed over data ranks, selection biases moved (aux_loss_free). Returns the step's routing
+        report, None without MoE layers. A collective: every rank calls it after every step."""
         self._converter.after_optimizer_step(self.parts)
+        return balance_experts(self.parts, self._loss_mesh, self.gather_over_stages)
 
     def gather_over_stages(self, value: float) -> list[float]:
         """`value` from every pipeline rank, in rank order ([value] without pipelining). A collective on the

@@ -1,13 +1,38 @@
 """The model's arguments as a run of a config builds it: the flavor's, with `max_seq_len` raised to
-`training.seq_len` (rotary tables and positions must cover every position trained on). The trainer, the
-generator (which rebuilds the model it trained) and the tools all take them from here."""
+`training.seq_len` (rotary tables and positions must cover every position trained on) and the [moe] choices
+applied. The trainer, the generator (which rebuilds the model it trained) and the tools all take them from
+here."""
 
 import dataclasses
 
 from titan_models import get_model_spec
+from titan_train.config.loader import ConfigError
 from titan_train.config.sections import JobConfig
 
 
 def model_args(config: JobConfig):
     args = get_model_spec(config.model.name).args_for(config.model.flavor)
-    return dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
+    args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
+    return _with_moe_choices(args, config)
+
+
+def _with_moe_choices(args, config: JobConfig):
+    m = config.moe
+    chosen = {
+        "load_balance": None if m.load_balance == "flavor" else m.load_balance,
+        "aux_loss_coef": None if m.aux_loss_coef == -1 else m.aux_loss_coef,
+        "bias_update_rate": None if m.bias_update_rate == -1 else m.bias_update_rate,
+    }
+    chosen = {key: value for key, value in chosen.items() if value is not None}
+    for key in ("aux_loss_coef", "bias_update_rate"):
+        if key in chosen and chosen[key] < 0:
+            raise ConfigError(f"moe.{key}={chosen[key]} must be >= 0, or -1 for the flavor's")
+    if getattr(args, "moe", None) is None:
+        if chosen:
+            key = next(iter(chosen))
+            raise ConfigError(
+                f"moe.{key}={chosen[key]!r} is set but model {config.model.name!r} flavor {config.model.flavor!r} "
+                "has no mixture-of-experts layers; remove it or choose an MoE model (e.g. model.name = 'qwen3_moe')"
+            )
+        return args
+    return dataclasses.replace(args, moe=dataclasses.replace(args.moe, **chosen)) if chosen else args

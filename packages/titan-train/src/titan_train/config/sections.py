@@ -25,11 +25,12 @@ class Job:
 @dataclass
 class Model:
     name: str = "llama3"
-    """Model family registered in titan-models: llama3 or hyena."""
+    """Model family registered in titan-models: llama3, qwen3, qwen3_moe or hyena."""
     flavor: str = "debug"
     """Size of the model within its family (llama3: tiny, tiny8, tiny-3.1, tiny-3.2, debug, 1B, 3B, 8B, 70B,
-    405B, or hf:<folder> for the shape in a Hugging Face folder's config.json; hyena: tiny, debug, debug_long,
-    125M)."""
+    405B; qwen3: tiny, debug, 0.6B, 1.7B, 4B, 8B, 14B, 32B; qwen3_moe: tiny, tiny-sparse2, debug, 30B-A3B,
+    235B-A22B; or, for those three, hf:<folder> for the shape in a Hugging Face folder's config.json; hyena:
+    tiny, debug, debug_long, 125M)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
     attention_mask: Literal["causal", "block_causal"] = "causal"
@@ -39,6 +40,27 @@ class Model:
     positions: Literal["sequence", "document"] = "sequence"
     """RoPE positions: "sequence" counts from the start of each packed sequence; "document" restarts at 0 at
     every document (each BOS token), as if each document were alone."""
+
+
+@dataclass
+class MoE:
+    """Mixture-of-experts training choices (models with sparse layers: qwen3_moe); the routing shape is the
+    flavor's."""
+
+    load_balance: Literal["flavor", "aux_loss", "sequence_aux_loss", "aux_loss_free", "none"] = "flavor"
+    """How experts are kept evenly loaded. "aux_loss": the auxiliary loss as Hugging Face computes it for
+    Qwen3-MoE (token fractions x mean router probabilities, pooled over the MoE layers of each forward);
+    "sequence_aux_loss": DeepSeek-V3's per-sequence auxiliary loss, summed over layers; "aux_loss_free":
+    DeepSeek-V3's per-expert selection bias, moved by bias_update_rate after each optimizer step against the
+    tokens each expert got over every data-parallel rank and micro-batch of the step (no loss term);
+    "none"; "flavor": the flavor's choice (Qwen3-MoE: aux_loss)."""
+    aux_loss_coef: float = -1.0
+    """Weight of the auxiliary loss in the training objective (Hugging Face's router_aux_loss_coef); -1 keeps
+    the flavor's (Qwen3-MoE: 0.001). The reported loss is the language-model loss alone; the auxiliary loss is
+    reported as aux_loss."""
+    bias_update_rate: float = -1.0
+    """aux_loss_free: how far one step moves an expert's bias (DeepSeek-V3's gamma); -1 keeps the flavor's
+    (0.001)."""
 
 
 @dataclass
@@ -301,6 +323,7 @@ class Validation:
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
+    moe: MoE = field(default_factory=MoE)
     training: Training = field(default_factory=Training)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)

@@ -69,9 +69,12 @@ class StepReporter:
             f"layout {layout.describe()}; device {self.device}; {cfg.training.steps} steps"
         )
 
-    def step(self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None) -> None:
+    def step(
+        self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None, routing=None
+    ) -> None:
         """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
-        such a step is always logged."""
+        such a step is always logged. `routing`: a mixture of experts' RoutingReport for the step (aux_loss,
+        expert_imbalance: the busiest expert's tokens over the mean, worst layer), None for dense models."""
         self.throughput.add_tokens(self.tokens_per_step)
         memory = memory_stats(self.device)["peak_gib"]
         # Every step, on every rank: stages differ in memory (the first holds the most activations).
@@ -92,6 +95,10 @@ class StepReporter:
             "data_time_frac": window.data_time_frac,
             **(validation or {}),
         }
+        if routing is not None:
+            if routing.aux_loss is not None:
+                record["aux_loss"] = routing.aux_loss
+            record["expert_imbalance"] = routing.imbalance
         if self.model.layout.pipeline is not None:
             record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(memory_per_stage)}
         self.metrics.log(step, record)

@@ -81,6 +81,7 @@ class Trainer:
         self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.step_count = 0
+        self.routing = None  # the last step's RoutingReport (mixture of experts), for the step line
         self.checkpoint = build_checkpoint_manager(
             config, self.dims, self.model_args, model_parts=self.model_parts, optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler, dataloader=self.dataloader, train_state=self,
@@ -151,7 +152,7 @@ class Trainer:
             if self.checkpoint is not None:
                 self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
             self.optimizer.step()
-            model.after_optimizer_step()
+            self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
         return loss, grad_norm, lr
 
@@ -182,7 +183,7 @@ class Trainer:
                     self._shorten_timeouts_after_first_step()
                     with self.throughput.excluded():  # evaluation time is not training throughput
                         validation = validator.run() if validator.due(self.step_count) else {}
-                    reporter.step(self.step_count, loss, grad_norm, lr, validation)
+                    reporter.step(self.step_count, loss, grad_norm, lr, validation, self.routing)
                     if self.checkpoint is not None:
                         self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()

@@ -1,0 +1,77 @@
+"""Mixture-of-experts bookkeeping that depends on the layout: the loss weight the auxiliary loss trains with,
+each step's tokens per expert summed over the data-parallel ranks (for auxiliary-loss-free balancing and the
+imbalance a run reports), and the auxiliary loss averaged like the training loss.
+
+A model part takes part by implementing (titan_models' decoder does):
+    set_loss_weight(weight)          the gradient weight of one unit of the next forwards' training loss
+    take_routing_stats() -> (tokens per expert [moe layers, experts] or None, aux loss sum, forwards)
+    update_expert_bias(load)         move the selection biases against the step's global load
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass
+class RoutingReport:
+    """One optimizer step's routing, over every rank."""
+
+    aux_loss: float | None
+    """The auxiliary load-balancing loss (unweighted), mean over micro-batches and data ranks, summed over
+    pipeline stages; None when the model trains none."""
+    imbalance: float
+    """Tokens of the busiest expert over the mean tokens per expert, in the worst MoE layer (1.0 is even)."""
+    tokens_per_expert: torch.Tensor
+    """[this rank's MoE layers, experts]: the step's counts over every data rank and micro-batch."""
+
+
+def routed_parts(parts: list[nn.Module]) -> list[nn.Module]:
+    return [part for part in parts if hasattr(part, "take_routing_stats")]
+
+
+def set_loss_weight(parts: list[nn.Module], weight: float) -> None:
+    for part in routed_parts(parts):
+        part.set_loss_weight(weight)
+
+
+def balance_experts(
+    parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages
+) -> RoutingReport | None:
+    """After an optimizer step: sum each part's tokens per expert over the data ranks (`data_mesh`: those
+    holding different tokens), update the selection biases from it, and report. A collective on every rank
+    (None when no part has MoE layers, which every rank knows alike)."""
+    stats = [part.take_routing_stats() for part in routed_parts(parts)]
+    stats = [(part, *s) for part, s in zip(routed_parts(parts), stats, strict=True) if s[0] is not None]
+    has_moe = bool(stats)
+    if not any(gather_over_stages(float(has_moe))):
+        return None
+    loads, aux_sum, forwards, trains_aux = [], 0.0, 0, False
+    spread = data_mesh is not None and data_mesh.size() > 1
+    for part, load, part_aux, part_forwards in stats:
+        if spread:
+            dist.all_reduce(load, group=data_mesh.get_group())
+        part.update_expert_bias(load)
+        loads.append(load)
+        aux_sum, forwards = aux_sum + part_aux, max(forwards, part_forwards)
+        trains_aux = trains_aux or getattr(part, "aux_loss", None) is not None
+    aux = aux_sum / forwards if forwards else 0.0
+    imbalance = 0.0
+    if loads:  # this stage's data ranks all hold MoE layers, or none does
+        if spread:
+            mean = torch.tensor([aux], dtype=torch.float64, device=loads[0].device)
+            dist.all_reduce(mean, group=data_mesh.get_group())
+            aux = mean.item() / data_mesh.size()
+        counts = torch.cat(loads).float()
+        imbalance = (counts.amax(dim=1) / counts.mean(dim=1).clamp(min=1e-9)).max().item()
+    trains_aux = any(gather_over_stages(float(trains_aux)))
+    return RoutingReport(
+        aux_loss=sum(gather_over_stages(aux)) if trains_aux else None,
+        imbalance=max(gather_over_stages(imbalance)),
+        tokens_per_expert=torch.cat(loads) if loads else torch.zeros(0, 0, dtype=torch.int64),
+    )
