@@ -1,12 +1,14 @@
 """Hugging Face adapters by model name, found through the `titan.hf_adapters` entry-point group (titan-models
-registers `llama3`), so this package never imports a model package.
+registers `llama3`, `qwen3`, `qwen3_moe`), so this package never imports a model package.
 
 An adapter is any object with
     to_hf_key(fqn) -> str                    to_hf_tensor(fqn, tensor) -> tensor
     from_hf_key(hf_key) -> str               from_hf_tensor(hf_key, tensor) -> tensor
     hf_config(dtype, bos_token_id=, eos_token_id=) -> dict      (config.json)
 and optionally hf_keys() -> list[str] (every tensor a complete HF checkpoint holds), aliases() -> {our FQN:
-the FQN whose tensor it shares} (tied embeddings: HF stores the tensor once) and args_dict() (its model
+the FQN whose tensor it shares} (tied embeddings: HF stores the tensor once), stacked_hf_keys(fqn) ->
+list[str] | None (the HF tensors, one per slice, that stack on a new first dimension into ours: a mixture of
+experts' 3-D weights; to_hf_tensor / from_hf_tensor then convert one slice) and args_dict() (its model
 args as plain data). The class registered under the entry point also provides from_args_dict(dict) (args
 stored in a checkpoint), from_hf_config(dict) (an HF config.json), `architectures` (the config.json
 architectures it reads) and optionally from_fingerprint(dict) (an older checkpoint's fingerprint, whose
@@ -25,8 +27,10 @@ from typing import Any
 from titan_checkpoint.errors import CheckpointMismatchError
 
 GROUP = "titan.hf_adapters"
-# config.json keys that describe the file, not the model: two configs differing only here are one model.
-_NOT_SHAPE = ("dtype", "torch_dtype", "max_position_embeddings", "bos_token_id", "eos_token_id", "transformers_version")
+# config.json keys that describe the file or how it is trained, not the model: two configs differing only
+# here are one model (a run may weigh the auxiliary loss its own way: moe.aux_loss_coef).
+_NOT_SHAPE = ("dtype", "torch_dtype", "max_position_embeddings", "bos_token_id", "eos_token_id", "transformers_version",
+              "router_aux_loss_coef")  # fmt: skip
 
 
 def _entry_points() -> dict[str, Callable[[], Any]]:

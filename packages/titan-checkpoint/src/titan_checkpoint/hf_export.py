@@ -39,6 +39,17 @@ SINGLE_FILE = "model.safetensors"
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
+def is_stacked(adapter: Any, fqn: str) -> bool:
+    """Whether our tensor `fqn` is several Hugging Face tensors stacked on a new first dimension (the
+    adapter's optional stacked_hf_keys, e.g. a mixture of experts' 3-D weights)."""
+    return hasattr(adapter, "stacked_hf_keys") and adapter.stacked_hf_keys(fqn) is not None
+
+
+def hf_names(adapter: Any, fqn: str) -> list[str]:
+    """The Hugging Face names of our tensor `fqn`: one, or one per slice of a stacked tensor."""
+    return adapter.stacked_hf_keys(fqn) if is_stacked(adapter, fqn) else [adapter.to_hf_key(fqn)]
+
+
 def parse_size(size: int | str) -> int:
     """Bytes from 5000000, "5GB" (10**9, as Hugging Face counts) or "4GiB" (2**30)."""
     if isinstance(size, int):
@@ -139,9 +150,9 @@ def export_safetensors(
     entries = [entry for entry in model_tensors(metadata) if entry[0] not in aliases]
     if not entries:
         raise CheckpointMismatchError(f"{checkpoint} holds no model tensors (no keys under 'model.')")
-    hf_keys = [adapter.to_hf_key(fqn) for fqn, _, _ in entries]
+    hf_keys = [hf_names(adapter, fqn) for fqn, _, _ in entries]
     if hasattr(adapter, "hf_keys"):
-        missing = sorted(set(adapter.hf_keys()) - set(hf_keys))
+        missing = sorted(set(adapter.hf_keys()) - {key for keys in hf_keys for key in keys})
         if missing:
             raise CheckpointMismatchError(f"{checkpoint} lacks {len(missing)} model tensor(s), e.g. {missing[:3]}")
 
@@ -158,11 +169,14 @@ def export_safetensors(
         tensors = {}
         for i in members:
             fqn, key, info = entries[i]
-            tensor = adapter.to_hf_tensor(fqn, _read_tensor(reader, key, info))
-            tensors[hf_keys[i]] = tensor.to(dtype).contiguous()
-            weight_map[hf_keys[i]] = name
-            total += tensors[hf_keys[i]].numel() * itemsize
-            progress.add(tensors[hf_keys[i]].numel() * itemsize)
+            ours = _read_tensor(reader, key, info)
+            # A stacked tensor (e.g. experts [E, ...]) is one Hugging Face tensor per slice.
+            pieces = list(ours) if is_stacked(adapter, fqn) else [ours]
+            for hf_key, piece in zip(hf_keys[i], pieces, strict=True):
+                tensors[hf_key] = adapter.to_hf_tensor(fqn, piece).to(dtype).contiguous()
+                weight_map[hf_key] = name
+                total += tensors[hf_key].numel() * itemsize
+                progress.add(tensors[hf_key].numel() * itemsize)
         save_file(tensors, str(tmp / name), metadata={"format": "pt"})
         del tensors
     if len(shards) > 1:
@@ -185,7 +199,7 @@ def export_safetensors(
     os.rename(tmp, out)
     seconds = time.perf_counter() - progress.start
     logger.info(
-        f"checkpoint: exported {checkpoint} to {out} ({len(entries)} tensors, {total / 1e9:.2f} GB in "
+        f"checkpoint: exported {checkpoint} to {out} ({len(weight_map)} tensors, {total / 1e9:.2f} GB in "
         f"{len(shards)} file(s), {dtype}, {seconds:.1f}s)"
     )
     return out

@@ -91,7 +91,8 @@ def load_hf_safetensors(
     folder: str | os.PathLike, adapter: Any, *, only: Container[str] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(our FQN, tensor) for each tensor of a Hugging Face folder, read and converted one at a time; a
-    tensor shared by several of our FQNs (adapter.aliases()) comes once per FQN, as the same tensor.
+    tensor shared by several of our FQNs (adapter.aliases()) comes once per FQN, as the same tensor; one
+    of ours stacked from several (adapter.stacked_hf_keys(fqn), e.g. experts) comes once all are read.
 
     adapter: maps HF names and tensors to ours (see titan_checkpoint.adapters). only: FQNs to read (e.g.
     a pipeline stage's); the others are skipped without being read.
@@ -107,6 +108,7 @@ def load_hf_safetensors(
                 f"{folder} lacks {len(missing)} tensor(s) the model needs, e.g. {', '.join(missing[:3])}; "
                 "is it a checkpoint of this model shape?"
             )
+    pending: dict[str, dict[str, torch.Tensor]] = {}
     by_file: dict[Path, list[str]] = {}
     for key, file in files.items():
         by_file.setdefault(file, []).append(key)
@@ -128,8 +130,20 @@ def load_hf_safetensors(
                         f"{file}: tensor {hf_key!r} cannot be read ({type(e).__name__}: {e}); the file is corrupt"
                     ) from e
                 tensor = adapter.from_hf_tensor(hf_key, tensor)
+                stacked = adapter.stacked_hf_keys(fqn) if hasattr(adapter, "stacked_hf_keys") else None
+                if stacked is not None:  # one slice of ours (e.g. one expert): stacked once all are read
+                    slices = pending.setdefault(fqn, {})
+                    slices[hf_key] = tensor
+                    if len(slices) < len(stacked):
+                        continue
+                    tensor = torch.stack([slices[key] for key in stacked])
+                    del pending[fqn]
                 for name in names:
                     yield name, tensor
+    if pending:
+        fqn, slices = next(iter(pending.items()))
+        missing = [key for key in adapter.stacked_hf_keys(fqn) if key not in slices]
+        raise CheckpointMismatchError(f"{folder} lacks {', '.join(missing[:3])} (part of our {fqn})")
 
 
 def _is_alias_key(adapter: Any, hf_key: str, aliases: dict[str, str]) -> bool:

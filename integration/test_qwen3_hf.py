@@ -1,0 +1,176 @@
+"""Qwen3 and Qwen3-MoE folders written by transformers itself (`save_pretrained` of tiny random configs), into
+Titan and back: logits, the auxiliary loss and its gradient, the trainer's first loss, greedy tokens, and a
+model trained on FSDP 2 then exported.
+
+References and tolerances: transformers' Qwen3ForCausalLM / Qwen3MoeForCausalLM in float32; logits atol 1e-4;
+auxiliary loss rtol 1e-5 and its router gradients atol 1e-6; the trainer's first loss rtol 1e-5 (reductions
+run in another order).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# The integration session installs transformers (nox -s integration).
+import transformers
+
+from launch_helpers import ROOT, _env, run_script
+from titan_checkpoint import ModelState, adapter_from_hf_folder, load_checkpoint, load_hf_into_model
+from titan_models import get_model_spec
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+BIN = Path(sys.executable).parent
+TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
+RECIPES = {"qwen3": ROOT / "configs" / "debug_model.toml", "qwen3_moe": ROOT / "configs" / "qwen3_moe_debug.toml"}
+SEQ_LEN, BATCH = 64, 2
+SHAPE = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, max_position_embeddings=512, bos_token_id=0, eos_token_id=1)  # fmt: skip
+CASES = {
+    # head_dim 32 with hidden 64 and 4 heads: Qwen3's head width is its own; tied embeddings.
+    "qwen3": lambda: transformers.Qwen3Config(num_hidden_layers=2, tie_word_embeddings=True, **SHAPE),
+    # Sparse every 2nd layer (1 and 3) but layer 1 dense by mlp_only_layers: only layer 3 routes. Plain
+    # top-k weights (norm_topk_prob false), tied embeddings.
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[1], num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=False, tie_word_embeddings=True, **SHAPE,
+    ),  # fmt: skip
+    # Every layer sparse, renormalised top-k, untied.
+    "qwen3_moe_all_sparse": lambda: transformers.Qwen3MoeConfig(
+        num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        **SHAPE,
+    ),  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def hf_folder(request, tmp_path_factory):
+    """(case, folder) saved by transformers, norms moved off 1 so a mix-up (or an unpermuted q/k norm) shows."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CASES[request.param]())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    model.save_pretrained(folder)
+    return request.param, folder
+
+
+def hf_model(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def tokens(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(seed))
+
+
+def ours_from(folder):
+    name, adapter = adapter_from_hf_folder(folder)
+    spec = get_model_spec(name)
+    model = spec.model_cls(adapter.args)
+    model.init_weights(seed=123)
+    load_hf_into_model(model, folder, adapter)
+    return name, model
+
+
+def test_the_folder_alone_builds_our_model_with_transformers_logits(hf_folder):
+    case, folder = hf_folder
+    name, ours = ours_from(folder)
+    assert name == ("qwen3" if case == "qwen3" else "qwen3_moe")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens()), hf_model(folder)(tokens()).logits, atol=1e-4, rtol=0)
+
+
+def test_aux_loss_and_its_gradient_equal_transformers(hf_folder):
+    case, folder = hf_folder
+    if case == "qwen3":
+        pytest.skip("a dense model has no router")
+    _, ours = ours_from(folder)
+    theirs = hf_model(folder)
+    ours(tokens(1))
+    out = theirs(tokens(1), output_router_logits=True)
+    torch.testing.assert_close(ours.aux_loss, out.aux_loss, rtol=1e-5, atol=0)
+    ours.aux_loss.backward()
+    out.aux_loss.backward()
+    routers = [k for k, layer in ours.moe_layers().items()]
+    assert routers == (["3"] if case == "qwen3_moe" else ["0", "1"])
+    for key in routers:
+        torch.testing.assert_close(
+            ours.layers[key].feed_forward.router.gate.weight.grad,
+            theirs.model.layers[int(key)].mlp.gate.weight.grad, atol=1e-6, rtol=1e-4,
+        )  # fmt: skip
+
+
+def first_batch_loss_by_transformers(folder, dp: int) -> float:
+    """The mean loss transformers gives the trainer's first global batch (the dp ranks' rows together)."""
+    from titan_train.data import build_dataloader
+    from titan_train.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    rows = [next(iter(build_dataloader(dataset="kjv", dataset_path="", tokenizer=tokenizer, seq_len=SEQ_LEN,
+                                       local_batch_size=BATCH, dp_rank=k, dp_world_size=dp, seed=42)))
+            for k in range(dp)]  # fmt: skip
+    inputs, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+    with torch.no_grad():
+        logits = hf_model(folder)(inputs).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+
+
+def trainer_options(case, folder, dump, steps):
+    name = "qwen3" if case == "qwen3" else "qwen3_moe"
+    return ["--config", str(RECIPES[name]), "--model.name", name, "--model.flavor", f"hf:{folder}",
+            "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size", str(BATCH),
+            "--training.steps", str(steps), "--metrics.log_freq", "1", "--job.dump_folder", str(dump),
+            "--checkpoint.initial_load_path", str(folder), "--validation.enable", "false"]  # fmt: skip
+
+
+def test_training_starts_from_the_folders_weights_and_exports_what_transformers_loads(hf_folder, tmp_path):
+    """3 steps on FSDP 2 from the folder: the first loss is transformers' loss of that batch (the language-model
+    loss: the auxiliary loss is reported apart); the export at the end loads in transformers with the trained
+    model's logits."""
+    case, folder = hf_folder
+    dump = tmp_path / "run"
+    options = [*trainer_options(case, folder, dump, 3), "--checkpoint.enable", "true",
+               "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
+           *options]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(folder, 2), rel=1e-5)
+    if case != "qwen3":
+        assert all(row["aux_loss"] > 0 and row["expert_imbalance"] >= 1 for row in rows)
+    export = dump / "hf"
+    config = json.loads((export / "config.json").read_text())
+    assert config["architectures"] == json.loads((folder / "config.json").read_text())["architectures"]
+    name, trained = ours_from(folder)
+    load_checkpoint(dump / "checkpoint", {"model": ModelState(trained)})
+    _, before = ours_from(folder)
+    assert not torch.equal(before.layers["0"].attention.q_norm.weight, trained.layers["0"].attention.q_norm.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(export)(tokens(2)).logits, trained(tokens(2)), atol=1e-4, rtol=0)
+
+
+def test_titan_generate_from_the_transformers_folder_alone(hf_folder, tmp_path):
+    """No recipe, no flavor: the folder's config.json and tokenizer; greedy tokens equal transformers'."""
+    case, folder = hf_folder
+    local = tmp_path / "hf"
+    local.mkdir()
+    for file in folder.iterdir():
+        os.symlink(file, local / file.name)
+    os.symlink(TOKENIZER, local / "tokenizer.json")
+    command = [str(BIN / "titan-generate"), "--checkpoint", str(local), "--prompt", "And God said",
+               "--max-new-tokens", "12"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from titan_train.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    prompt = torch.tensor([tokenizer.encode("And God said", eos=False)])
+    greedy = hf_model(folder).generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_id)
+    assert proc.stdout.rstrip("\n") == "And God said" + tokenizer.decode(greedy[0, prompt.shape[1] :].tolist())
