@@ -2,10 +2,12 @@
 
     torchrun --nproc_per_node N parity_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
 
-Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, and every
-rank's applied layout (titan_parallel.describe_applied, read from the live model before step 1).
+Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, the MoE
+selection biases after the last step, and every rank's applied layout (titan_parallel.describe_applied, read from the live model before step 1).
 `--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
-accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W.
+accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W (with
+--training.global_batch_size G: G / local_batch_size micro-batches in turn from the W shards, the reference
+for dp = W with gradient accumulation).
 """
 
 import itertools
@@ -75,7 +77,7 @@ def emulating_trainer(argv: list[str]) -> tuple[str, int, Trainer]:
     if rest[:1] == ["--emulate-dp"]:
         emulate, rest = int(rest[1]), rest[2:]
     config = load_config(parse_argv(rest))
-    if emulate > 1:
+    if emulate > 1 and config.training.global_batch_size == -1:  # a given global batch means accumulation
         config.training.global_batch_size = config.training.local_batch_size * emulate
     trainer = Trainer(config, init_distributed(config))
     if emulate > 1:
@@ -95,8 +97,15 @@ def main(argv: list[str]) -> None:
             norms.append(grad_norm)
             if step == 0:
                 grads = full_grads(trainer.model_parts)
+        # State the optimizer does not hold, after the last step: e.g. a mixture of experts' selection biases.
+        buffers = merged_over_ranks(
+            {clean_fqn(name): full(b) for part in trainer.model_parts for name, b in part.state_dict().items()
+             if name.endswith("expert_bias")}
+        )  # fmt: skip
         if env.rank == 0:
-            torch.save({"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied}, out)
+            torch.save(
+                {"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied, "buffers": buffers}, out
+            )
     finally:
         shutdown_distributed()
 

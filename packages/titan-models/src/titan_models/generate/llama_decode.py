@@ -74,6 +74,6 @@ class LlamaDecoder:
                 xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
             )
             h = h + attention.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
-            h = h + layer.feed_forward(layer.ffn_norm(h))
+            h = h + layer.feed_forward_with_routing(layer.ffn_norm(h))[0]
         self.t = end
         return self.model.output(self.model.norm(h))

@@ -11,7 +11,7 @@ from torch import nn
 
 from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
-from titan_models.moe import MoE, add_aux_loss_grad, load_balance_loss
+from titan_models.moe import MoE, RoutedTokens, add_aux_loss_grad, load_balance_loss
 from titan_models.seeded_init import SeededInit
 
 
@@ -168,9 +168,16 @@ class TransformerBlock(nn.Module):
 
     def forward(
         self, x: torch.Tensor, freqs_cis: torch.Tensor, document_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, RoutedTokens]:
+        """The block's output; a sparse block also returns where its tokens went (RoutedTokens)."""
         h = x + self.attention(self.attention_norm(x), freqs_cis, document_ids=document_ids)
-        return h + self.feed_forward(self.ffn_norm(h))
+        out, routed = self.feed_forward_with_routing(self.ffn_norm(h))
+        return h + out if routed is None else (h + out, routed)
+
+    def feed_forward_with_routing(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutedTokens | None]:
+        if isinstance(self.feed_forward, MoE):
+            return self.feed_forward(x)
+        return self.feed_forward(x), None
 
     def init_weights(self, init: SeededInit) -> None:
         self.attention_norm.reset_parameters()
@@ -271,9 +278,13 @@ class Llama3(nn.Module):
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         positions = self.positions if positions is None else positions
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
+        routings = []
         for layer in self.layers.values():
             h = layer(h, freqs_cis, document_ids=document_ids)
-        h = self._read_routing(h)
+            if isinstance(h, tuple):
+                h, routed = h
+                routings.append(routed)
+        h = self._read_routing(h, routings)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
@@ -286,19 +297,14 @@ class Llama3(nn.Module):
         the auxiliary load-balancing loss joins the gradient with weight x moe.aux_loss_coef."""
         self.loss_weight = weight
 
-    def _read_routing(self, h: torch.Tensor) -> torch.Tensor:
+    def _read_routing(self, h: torch.Tensor, routings: list[RoutedTokens]) -> torch.Tensor:
         """After the blocks: the forward's auxiliary loss (`aux_loss`, unweighted; None without one), put into
         the gradient through `h`, and when gradients are on (training) the tokens each expert got, added to
-        `expert_load` ([moe layers, experts]). Read here, outside the blocks, so activation checkpointing's
+        `expert_load` ([moe layers, experts]). Read from the blocks' outputs, so activation checkpointing's
         recompute (which re-runs the routers) counts nothing twice."""
-        moe_layers = list(self.moe_layers().values())
-        if not moe_layers:
+        if not routings:
             return h
-        routings = [layer.routing for layer in moe_layers]
-        shapes = [layer.batch_shape for layer in moe_layers]
-        for layer in moe_layers:  # held from here on by the loss's graph alone
-            layer.routing = None
-        self.aux_loss = load_balance_loss(self.args.moe.load_balance, routings, shapes)
+        self.aux_loss = load_balance_loss(self.args.moe.load_balance, routings)
         if torch.is_grad_enabled():
             load = torch.stack([r.tokens_per_expert for r in routings])
             self.expert_load = load if self.expert_load is None else self.expert_load + load

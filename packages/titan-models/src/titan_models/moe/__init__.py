@@ -5,13 +5,14 @@ from titan_models.moe.balance import add_aux_loss_grad, load_balance_loss, seque
 from titan_models.moe.experts import GroupedExperts
 from titan_models.moe.grouped_mm import grouped_mm, grouped_mm_loop, grouped_mm_supported
 from titan_models.moe.layer import MoE
-from titan_models.moe.router import Routing, TopKRouter
+from titan_models.moe.router import RoutedTokens, Routing, TopKRouter
 
 __all__ = [
     "LOAD_BALANCE_CHOICES",
     "GroupedExperts",
     "MoE",
     "MoEArgs",
+    "RoutedTokens",
     "Routing",
     "TopKRouter",
     "add_aux_loss_grad",

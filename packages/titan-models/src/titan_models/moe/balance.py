@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from titan_models.moe.router import Routing
+from titan_models.moe.router import RoutedTokens
 
 
-def _probabilities(routing: Routing) -> torch.Tensor:
+def _probabilities(routing: RoutedTokens) -> torch.Tensor:
     """Each token's scores as a distribution over experts (sigmoid scores are normalised)."""
     scores = routing.scores
     return scores / scores.sum(dim=-1, keepdim=True)
 
 
-def switch_aux_loss(routings: list[Routing]) -> torch.Tensor:
+def switch_aux_loss(routings: list[RoutedTokens]) -> torch.Tensor:
     """The auxiliary loss Hugging Face computes for Qwen3-MoE (`load_balancing_loss_func` without a mask):
     num_experts * sum_e f_e * P_e, where f_e is the fraction of (token, choice) pairs sent to expert e and P_e
     its mean probability, both pooled over the tokens of every MoE layer given (not per layer)."""
@@ -24,12 +24,12 @@ def switch_aux_loss(routings: list[Routing]) -> torch.Tensor:
     return num_experts * (assigned * probability).sum()
 
 
-def sequence_aux_loss(routing: Routing, batch_shape: tuple[int, int]) -> torch.Tensor:
+def sequence_aux_loss(routing: RoutedTokens) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss of one layer (equations 17-20, without alpha): per sequence,
     sum_e f_e * P_e with f_e = num_experts / (top_k * seqlen) * tokens routed to e and P_e the mean normalised
     score of e; averaged over the sequences."""
-    bs, seqlen = batch_shape
-    num_experts, top_k = routing.scores.shape[-1], routing.experts.shape[-1]
+    bs, seqlen, top_k = routing.experts.shape
+    num_experts = routing.scores.shape[-1]
     chosen = torch.zeros(bs, seqlen * top_k, num_experts, device=routing.scores.device)
     chosen.scatter_(2, routing.experts.reshape(bs, seqlen * top_k, 1), 1.0)
     fraction = chosen.sum(1) * num_experts / (top_k * seqlen)
@@ -37,13 +37,13 @@ def sequence_aux_loss(routing: Routing, batch_shape: tuple[int, int]) -> torch.T
     return (fraction * probability).sum(-1).mean()
 
 
-def load_balance_loss(kind: str, routings: list[Routing], batch_shapes: list[tuple[int, int]]) -> torch.Tensor | None:
+def load_balance_loss(kind: str, routings: list[RoutedTokens]) -> torch.Tensor | None:
     """The unweighted auxiliary loss `kind` asks for over these layers' routings, or None (no loss)."""
     if not routings or kind not in ("aux_loss", "sequence_aux_loss"):
         return None
     if kind == "aux_loss":
         return switch_aux_loss(routings)
-    return sum(sequence_aux_loss(r, shape) for r, shape in zip(routings, batch_shapes, strict=True))
+    return sum(sequence_aux_loss(r) for r in routings)
 
 
 class _AddAuxLossGrad(torch.autograd.Function):

@@ -10,12 +10,12 @@ from torch import nn
 
 from titan_models.moe.args import MoEArgs
 from titan_models.moe.experts import GroupedExperts
-from titan_models.moe.router import Routing, TopKRouter
+from titan_models.moe.router import RoutedTokens, TopKRouter
 
 
 class MoE(nn.Module):
-    """x [bs, seqlen, dim] -> [bs, seqlen, dim]; `routing` holds the last forward's routing, which the model
-    reads for the load-balancing losses and the load statistics (see titan_models.moe.balance)."""
+    """x [bs, seqlen, dim] -> ([bs, seqlen, dim], RoutedTokens): the output and where its tokens went, which
+    the model reads for the load-balancing losses and the load statistics (see titan_models.moe.balance)."""
 
     def __init__(self, dim: int, moe: MoEArgs, shared_expert: nn.Module | None = None):
         super().__init__()
@@ -23,16 +23,11 @@ class MoE(nn.Module):
         self.router = TopKRouter(dim, moe)
         self.experts = GroupedExperts(dim, moe.hidden_dim, moe.num_experts)
         self.shared_experts = shared_expert
-        self.routing: Routing | None = None
-        self.batch_shape: tuple[int, int] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutedTokens]:
         bs, seqlen, dim = x.shape
         tokens = x.reshape(-1, dim)
         routing = self.router(tokens)
-        # An attribute, not an output: the block keeps Llama's signature. Recompute under activation
-        # checkpointing overwrites it with the same routing; the model reads it once per real forward.
-        self.routing, self.batch_shape = routing, (bs, seqlen)
 
         top_k = routing.experts.shape[-1]
         order = routing.experts.reshape(-1).argsort(stable=True)  # (token, choice) pairs grouped by expert
@@ -43,7 +38,8 @@ class MoE(nn.Module):
         out = torch.zeros_like(tokens).index_add_(0, token_of, weighted.to(tokens.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
-        return out.reshape(bs, seqlen, dim)
+        routed = RoutedTokens(routing.experts.reshape(bs, seqlen, top_k), routing.scores, routing.tokens_per_expert)
+        return out.reshape(bs, seqlen, dim), routed
 
     def init_weights(self, init, init_std: float) -> None:
         self.router.reset_parameters(init)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,19 @@ class Routing:
     """[tokens, top_k] the weights their outputs are summed with (fp32)."""
     scores: torch.Tensor
     """[tokens, num_experts] every expert's score (fp32, differentiable): what the auxiliary losses read."""
+    tokens_per_expert: torch.Tensor
+    """[num_experts] int64 count of (token, expert) assignments."""
+
+
+class RoutedTokens(NamedTuple):
+    """What a sparse block hands back beside its output, for the load-balancing losses and the load counts: a
+    plain tuple of tensors, so it passes through activation checkpointing, torch.compile and FSDP hooks as an
+    output (a module attribute written inside a compiled, checkpointed block would be an unsafe side effect)."""
+
+    experts: torch.Tensor
+    """[bs, seqlen, top_k] chosen expert ids."""
+    scores: torch.Tensor
+    """[bs * seqlen, num_experts] every expert's score (fp32, differentiable)."""
     tokens_per_expert: torch.Tensor
     """[num_experts] int64 count of (token, expert) assignments."""
 

@@ -35,4 +35,15 @@ def _with_moe_choices(args, config: JobConfig):
                 "has no mixture-of-experts layers; remove it or choose an MoE model (e.g. model.name = 'qwen3_moe')"
             )
         return args
-    return dataclasses.replace(args, moe=dataclasses.replace(args.moe, **chosen)) if chosen else args
+    args = dataclasses.replace(args, moe=dataclasses.replace(args.moe, **chosen)) if chosen else args
+    if args.moe.load_balance == "aux_loss" and config.parallelism.pipeline_parallel_degree > 1:
+        source = "moe.load_balance='aux_loss'" if chosen.get("load_balance") else (
+            f"model.flavor={config.model.flavor!r} balances with 'aux_loss' (moe.load_balance = 'flavor'), which"
+        )  # fmt: skip
+        raise ConfigError(
+            f"{source} pools every MoE layer of a forward into one loss (as Hugging Face computes it), which "
+            f"pipeline stages cannot split (parallelism.pipeline_parallel_degree="
+            f"{config.parallelism.pipeline_parallel_degree}); set moe.load_balance = 'sequence_aux_loss' (a sum "
+            "over layers), 'aux_loss_free' or 'none'"
+        )
+    return args

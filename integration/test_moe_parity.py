@@ -1,0 +1,86 @@
+"""Qwen3-MoE (tiny: layer 0 dense, 3 sparse layers of 8 experts, 2 per token) on each layout against the
+single-process run of the same global batch, with each balancing choice where it applies exactly.
+
+Reference and tolerances as test_parallel_parity: one process accumulating the data ranks' micro-batches;
+float32 losses rtol 1e-5 over 5 steps, gradients after step 1 rtol 1e-4 / atol 1e-6, and the auxiliary-loss-free
+selection biases after step 5 atol 1e-6 (sums of +-bias_update_rate). The auxiliary loss weighs 0.1 (not Qwen3's 0.001) so a layout
+that lost it would move the router gradients well past the tolerance.
+
+Each balancing choice is exact where its loss is additive over what a layout splits: the HF-style aux_loss is a
+mean over micro-batches (data ranks, accumulation) but pools the layers (not pipeline stages: refused there);
+the sequence loss is a sum over layers (pipeline stages); under context parallelism every loss would see half
+sequences, so CP is checked with aux_loss_free, whose counts add up over any split.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from applied_checks import assert_layout_applied
+from launch_helpers import run_script
+
+MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_len", "64",
+         "--training.local_batch_size", "2", "--training.steps", "5", "--metrics.log_freq", "1000",
+         "--moe.aux_loss_coef", "0.1"]  # fmt: skip
+SEQUENCE_AUX = ("--moe.load_balance", "sequence_aux_loss")
+AUX_FREE = ("--moe.load_balance", "aux_loss_free", "--moe.bias_update_rate", "0.05")
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+# (id, world size, data-parallel degree, options the reference shares, options)
+CASES = [
+    ("fsdp2", 2, 2, (), []),
+    ("hsdp2x2_ac_full", 4, 4, (), ["--parallelism.data_parallel_replicate_degree", "2",
+                                   "--activation_checkpoint.mode", "full"]),
+    ("fsdp2_compile_ac_op", 2, 2, SEQUENCE_AUX, ["--compile.enable", "true", "--activation_checkpoint.mode",
+                                                 "selective"]),
+    ("fsdp2_accumulation_aux_free", 2, 2, (*AUX_FREE, "--training.global_batch_size", "8"), []),
+    ("cp2_aux_free", 2, 1, AUX_FREE, ["--parallelism.context_parallel_degree", "2"]),
+    ("pp2_1f1b_sequence_aux_ac_full", 2, 1, (*SEQUENCE_AUX, "--training.local_batch_size", "4"),
+     [*PP2, "--activation_checkpoint.mode", "full"]),
+]  # fmt: skip
+FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
+
+
+@functools.cache
+def reference(dp: int, tmp_root: str, options: tuple[str, ...]) -> dict:
+    out = f"{tmp_root}/reference_dp{dp}_{'_'.join(options)}.pt"
+    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *options,
+                                           "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("moe_parity"))
+
+
+@pytest.mark.parametrize("case_id, world, dp, shared, options", CASES, ids=[c[0] for c in CASES])
+def test_moe_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
+    out = f"{tmp_root}/{case_id}.pt"
+    proc = run_script("parity_driver.py", [out, *MODEL, *shared, *options, "--job.dump_folder",
+                                           f"{tmp_root}/{case_id}"], nproc=world)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = torch.load(out)
+    assert_layout_applied(result["applied"], world, [*shared, *options])
+    ref = reference(dp, tmp_root, shared)
+    torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
+    assert result["grads"].keys() == ref["grads"].keys()
+    assert any(".experts.w1" in name for name in ref["grads"])
+    # The biases move only with aux_loss_free (the losses hardly show them: a tiny model's experts are alike).
+    assert result["buffers"].keys() == ref["buffers"].keys()
+    assert bool(ref["buffers"]) == ("aux_loss_free" in shared)
+    for name, bias in ref["buffers"].items():
+        assert bias.abs().sum() > 0, name
+        torch.testing.assert_close(result["buffers"][name], bias, rtol=0, atol=1e-6, msg=name)
+    for name, grad in ref["grads"].items():
+        torch.testing.assert_close(result["grads"][name], grad, rtol=FP32["grad_rtol"], atol=FP32["grad_atol"],
+                                   msg=name)  # fmt: skip
+
+
+def test_pipeline_refuses_the_pooled_aux_loss_before_starting(tmp_root):
+    proc = run_script("parity_driver.py", [f"{tmp_root}/never.pt", *MODEL, *PP2, "--moe.load_balance", "aux_loss"],
+                      nproc=2, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert "moe.load_balance='aux_loss' pools every MoE layer" in proc.stderr
+    assert "'sequence_aux_loss'" in proc.stderr
