@@ -49,6 +49,22 @@ def test_converts_eligible_layers_and_says_why_it_skips_the_others():
     }
 
 
+class Experts(nn.Module):
+    """A mixture of experts' stacked weights, as titan_models.moe.GroupedExperts holds them."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(4, 32, 64))
+
+
+def test_stacked_expert_weights_are_skipped_with_a_reason():
+    model = nn.ModuleDict({"proj": nn.Linear(32, 64), "experts": Experts()})
+    report = convert_to_float8(model, ON)
+    assert report.converted == ["proj"]
+    assert report.skipped == {"experts": "3-D expert weights: no float8 grouped matmul here, kept in high precision"}
+    assert type(model["experts"]) is Experts
+
+
 def test_filter_fqns_are_substrings_of_module_names():
     model = Net()
     report = convert_to_float8(model, Float8Options(enable=True, filter_fqns=["block"]))

@@ -288,3 +288,27 @@ def test_the_paper_table_marks_every_row_whose_real_config_is_refused():
 def table_why(line: str) -> str:
     """The last cell of a markdown table line: the "why" column."""
     return line.rsplit("|", 2)[-2].strip()
+
+
+@pytest.mark.slow  # about a minute: 48 blocks of 128 experts, simulated op by op for two steps
+def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
+    """configs/qwen3_30b_a3b.toml on 16 GPUs (FSDP 16; shorter sequences than the recipe's, which leave the
+    state alone): each rank holds a sixteenth of the 30.5B float32 parameters (the 128 experts of each layer
+    included), their gradients and two AdamW moments, as counted by hand from the flavor's shape."""
+    config = str(ROOT / "configs/qwen3_30b_a3b.toml")
+    report = _dry_run(tmp_path, "--config", config, "--world-size", "16", "--training.seq_len", "256",
+                      "--training.local_batch_size", "1")  # fmt: skip
+    (entry,) = report["rank_classes"]
+    spec = get_model_spec("qwen3_moe")
+    args = spec.args_for("30B-A3B")
+    moe = args.moe
+    per_layer = (
+        args.dim * (args.n_heads + 2 * args.n_kv_heads) * args.head_dim + args.n_heads * args.head_dim * args.dim
+        + 2 * args.head_dim + 2 * args.dim  # q/k norms, the two block norms
+        + args.dim * moe.num_experts + 3 * moe.num_experts * args.dim * moe.hidden_dim  # router, experts
+    )  # fmt: skip
+    by_hand = args.n_layers * per_layer + 2 * args.vocab_size * args.dim + args.dim
+    assert by_hand == _parameter_count(spec, args) and abs(by_hand / 30.5e9 - 1) < 0.005
+    assert entry["params_gib"] * GIB == by_hand * 4 / 16
+    assert entry["grads_gib"] == entry["params_gib"]
+    assert entry["optimizer_gib"] * GIB == 2 * entry["params_gib"] * GIB + 4 * _parameter_tensors(spec, args)

@@ -39,6 +39,15 @@ class RoutedTokens(NamedTuple):
     """[num_experts] int64 count of (token, expert) assignments."""
 
 
+class RouterGate(nn.Module):
+    """The router's weight [num_experts, dim], applied in fp32 by TopKRouter. Not an nn.Linear, so no
+    transform that swaps Linear layers (float8) touches the routing decision."""
+
+    def __init__(self, dim: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, dim))
+
+
 class TopKRouter(nn.Module):
     """Linear scores over experts (`gate.weight` [num_experts, dim] in Hugging Face), the top-k of them.
 
@@ -49,7 +58,7 @@ class TopKRouter(nn.Module):
     def __init__(self, dim: int, moe: MoEArgs):
         super().__init__()
         self.moe = moe
-        self.gate = nn.Linear(dim, moe.num_experts, bias=False)
+        self.gate = RouterGate(dim, moe.num_experts)
         aux_free = moe.load_balance == "aux_loss_free"
         # Persistent only when used: a model trained without it checkpoints and exports no bias.
         self.register_buffer("expert_bias", torch.zeros(moe.num_experts), persistent=aux_free)
