@@ -3,7 +3,8 @@
     torchrun --nproc_per_node N parity_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
 
 Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, the MoE
-selection biases after the last step, and every rank's applied layout (titan_parallel.describe_applied, read from the live model before step 1).
+selection biases after the last step, and every rank's applied layout (titan_parallel.describe_applied, read
+from the live model before step 1).
 `--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
 accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W (with
 --training.global_batch_size G: G / local_batch_size micro-batches in turn from the W shards, the reference

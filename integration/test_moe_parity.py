@@ -2,9 +2,10 @@
 single-process run of the same global batch, with each balancing choice where it applies exactly.
 
 Reference and tolerances as test_parallel_parity: one process accumulating the data ranks' micro-batches;
-float32 losses rtol 1e-5 over 5 steps, gradients after step 1 rtol 1e-4 / atol 1e-6, and the auxiliary-loss-free
-selection biases after step 5 atol 1e-6 (sums of +-bias_update_rate). The auxiliary loss weighs 0.1 (not Qwen3's 0.001) so a layout
-that lost it would move the router gradients well past the tolerance.
+float32 losses rtol 1e-5 over 5 steps, gradients after step 1 rtol 1e-4 / atol 1e-6, and the
+auxiliary-loss-free selection biases after step 5 atol 1e-6 (sums of +-bias_update_rate). The auxiliary loss
+weighs 0.1 (not Qwen3's 0.001) so a layout that lost it would move the router gradients well past the
+tolerance.
 
 Each balancing choice is exact where its loss is additive over what a layout splits: the HF-style aux_loss is a
 mean over micro-batches (data ranks, accumulation) but pools the layers (not pipeline stages: refused there);

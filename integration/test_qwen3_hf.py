@@ -19,7 +19,7 @@ import torch
 # The integration session installs transformers (nox -s integration).
 import transformers
 
-from launch_helpers import ROOT, _env, run_script
+from launch_helpers import ROOT, _env
 from titan_checkpoint import ModelState, adapter_from_hf_folder, load_checkpoint, load_hf_into_model
 from titan_models import get_model_spec
 
@@ -36,12 +36,23 @@ CASES = {
     # Sparse every 2nd layer (1 and 3) but layer 1 dense by mlp_only_layers: only layer 3 routes. Plain
     # top-k weights (norm_topk_prob false), tied embeddings.
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-        num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[1], num_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, norm_topk_prob=False, tie_word_embeddings=True, **SHAPE,
+        num_hidden_layers=4,
+        decoder_sparse_step=2,
+        mlp_only_layers=[1],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=False,
+        tie_word_embeddings=True,
+        **SHAPE,
     ),  # fmt: skip
     # Every layer sparse, renormalised top-k, untied.
     "qwen3_moe_all_sparse": lambda: transformers.Qwen3MoeConfig(
-        num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
         **SHAPE,
     ),  # fmt: skip
 }

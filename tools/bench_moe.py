@@ -111,11 +111,15 @@ def main() -> None:
     experts = bench_experts(device, dtype, options.steps)
     models = bench_models(device, dtype, options.steps, options.batch, options.seq_len)
     print(f"device {device}, {dtype}, median of {options.steps} alternated steps")
-    print(f"experts fwd+bwd: grouped {experts['grouped_ms']:.2f} ms, per-expert loop {experts['loop_ms']:.2f} ms "
-          f"-> grouped is {experts['speedup']:.2f}x the loop (tokens per expert {experts['tokens_per_expert']})")
-    print(f"training tokens/s: MoE debug {models['moe_tokens_per_s']:,.0f}, dense of equal active weights "
-          f"{models['dense_tokens_per_s']:,.0f} -> MoE runs at {models['moe_over_dense']:.2f}x the dense speed "
-          f"(weights per token: MoE {models['active_params']:,}, dense {models['dense_params']:,})")
+    print(
+        f"experts fwd+bwd: grouped {experts['grouped_ms']:.2f} ms, per-expert loop {experts['loop_ms']:.2f} ms "
+        f"-> grouped is {experts['speedup']:.2f}x the loop (tokens per expert {experts['tokens_per_expert']})"
+    )
+    print(
+        f"training tokens/s: MoE debug {models['moe_tokens_per_s']:,.0f}, dense of equal active weights "
+        f"{models['dense_tokens_per_s']:,.0f} -> MoE runs at {models['moe_over_dense']:.2f}x the dense speed "
+        f"(weights per token: MoE {models['active_params']:,}, dense {models['dense_params']:,})"
+    )
     if options.json:
         with open(options.json, "w") as f:
             json.dump({"device": str(device), "dtype": str(dtype), "experts": experts, "models": models}, f, indent=2)

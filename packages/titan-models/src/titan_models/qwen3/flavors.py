@@ -68,11 +68,21 @@ MOE_FLAVORS: dict[str, Llama3Args] = Flavors(
             **_DEBUG, moe=MoEArgs(num_experts=8, top_k=2, hidden_dim=256, norm_topk_prob=True, dense_layers=(0,))
         ),
         "30B-A3B": _qwen3(
-            2048, 48, 32, 6144, tied=False, n_kv_heads=4,
+            2048,
+            48,
+            32,
+            6144,
+            tied=False,
+            n_kv_heads=4,
             moe=MoEArgs(num_experts=128, top_k=8, hidden_dim=768, norm_topk_prob=True),
         ),
         "235B-A22B": _qwen3(
-            4096, 94, 64, 12288, tied=False, n_kv_heads=4,
+            4096,
+            94,
+            64,
+            12288,
+            tied=False,
+            n_kv_heads=4,
             moe=MoEArgs(num_experts=128, top_k=8, hidden_dim=1536, norm_topk_prob=True),
         ),
     },  # fmt: skip

@@ -36,8 +36,7 @@ def hf_config(
     if moe is not None:
         if moe.score_func != "softmax" or moe.num_shared_experts or moe.routed_scaling_factor != 1.0:
             raise ValueError(
-                "Qwen3-MoE routes by softmax with no shared experts and no routed scaling; "
-                f"these MoEArgs differ: {moe}"
+                f"Qwen3-MoE routes by softmax with no shared experts and no routed scaling; these MoEArgs differ: {moe}"
             )
         config.update(
             num_experts=moe.num_experts,

@@ -40,9 +40,7 @@ def set_loss_weight(parts: list[nn.Module], weight: float) -> None:
         part.set_loss_weight(weight)
 
 
-def balance_experts(
-    parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages
-) -> RoutingReport | None:
+def balance_experts(parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages) -> RoutingReport | None:
     """After an optimizer step: sum each part's tokens per expert over the data ranks (`data_mesh`: those
     holding different tokens), update the selection biases from it, and report. A collective on every rank
     (None when no part has MoE layers, which every rank knows alike)."""
