@@ -51,7 +51,8 @@ def flops_per_token(args: Llama3Args, seq_len: int) -> int:
     experts only, so MFU is not inflated by experts a token never visits): each weight does one
     multiply-add (2 FLOPs) per token in the forward pass and two in the backward pass (gradients w.r.t.
     inputs and weights). The second term is the attention scores (QK^T) and weighted values (AV), which
-    have no parameters: 2 matmuls of n_heads * head_dim * seq_len multiply-adds per token per layer, times 3
-    for fwd + bwd, times 2 FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022, appendix B) and TorchTitan.
+    have no parameters: 2 matmuls of n_heads * head_dim * seq_len multiply-adds per token per layer,
+    times 3 for fwd + bwd, times 2 FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022,
+    appendix B) and TorchTitan.
     """
     return 6 * count_params(args, active=True) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len

@@ -174,7 +174,7 @@ class Llama3HFAdapter:
                     "moe.load_balance = 'aux_loss_free' cannot be exported to this Hugging Face architecture"
                 )
         raise ValueError(
-            f"{fqn!r} is not a {type(self).__name__.removesuffix('HFAdapter')} parameter name "
+            f"{fqn!r} is not a {self.family} parameter name "
             f"(expected e.g. 'layers.0.attention.wq.weight')"
         )
 
