@@ -41,6 +41,16 @@ def read_metrics(dump_folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def parity_result(out: str, args: list[str], nproc: int | None) -> dict:
+    """What parity_driver.py saved at `out` after training with `args` (nproc None: one plain process, the
+    reference with `--emulate-dp W` among args; else under torchrun)."""
+    proc = run_script("parity_driver.py", [out, *args], nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    import torch
+
+    return torch.load(out)
+
+
 def run_script(script: str, args: list[str], nproc: int | None, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run a script from integration/ directly (nproc None) or under torchrun."""
     path = str(Path(__file__).resolve().parent / script)

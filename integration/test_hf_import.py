@@ -6,7 +6,6 @@ loss rtol 1e-5 (the loss of the same batch, computed by transformers; reductions
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,11 @@ import torch
 import transformers
 
 from applied_checks import assert_layout_applied
+from hf_checks import (
+    assert_titan_generate_equals_transformers_greedy,
+    first_batch_loss_by_transformers,
+    hf_model,
+)
 from launch_helpers import DEBUG_RECIPE, ROOT, _env, run_script
 from titan_checkpoint import (  # noqa: E402
     ModelState,  # noqa: E402
@@ -30,7 +34,6 @@ from titan_models import Llama3HFAdapter, get_model_spec  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 BIN = Path(sys.executable).parent
-TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
 SEQ_LEN, BATCH = 64, 2
 RECIPE = ["--config", str(DEBUG_RECIPE), "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size",
           str(BATCH), "--metrics.log_freq", "1", "--checkpoint.enable", "true"]  # fmt: skip
@@ -76,10 +79,6 @@ def hf_folder(request, tmp_path_factory):
     return request.param, folder
 
 
-def hf_model(folder):
-    return transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(seed))
 
@@ -119,21 +118,6 @@ def test_cli_import_gives_a_dcp_checkpoint_with_transformers_logits(hf_folder, t
         torch.testing.assert_close(ours(tokens(1)), hf_model(folder)(tokens(1)).logits, atol=1e-4, rtol=0)
 
 
-def first_batch_loss_by_transformers(folder, dp: int) -> float:
-    """The mean loss transformers gives the trainer's first global batch (the dp ranks' rows together)."""
-    from titan_train.data import build_dataloader
-    from titan_train.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(None)
-    rows = [next(iter(build_dataloader(dataset="kjv", dataset_path="", tokenizer=tokenizer, seq_len=SEQ_LEN,
-                                       local_batch_size=BATCH, dp_rank=k, dp_world_size=dp, seed=42)))
-            for k in range(dp)]  # fmt: skip
-    inputs, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
-    with torch.no_grad():
-        logits = hf_model(folder)(inputs).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
-
-
 @pytest.mark.parametrize(
     "layout, nproc, dp",
     [("fsdp2", 2, 2), ("tp2", 2, 1)],
@@ -149,7 +133,7 @@ def test_fine_tuning_starts_from_exactly_the_folders_weights(hf_folder, tmp_path
     result = torch.load(tmp_path / "out.pt", weights_only=False)
     assert_layout_applied(result["applied"], nproc, ["--model.flavor", flavor, *extra])
     (loss,) = result["losses"]
-    assert loss == pytest.approx(first_batch_loss_by_transformers(folder, dp), rel=1e-5)
+    assert loss == pytest.approx(first_batch_loss_by_transformers(folder, dp, SEQ_LEN, BATCH), rel=1e-5)
 
 
 def test_train_on_fsdp2_then_export_loads_in_transformers(hf_folder, tmp_path):
@@ -182,19 +166,4 @@ def test_train_on_fsdp2_then_export_loads_in_transformers(hf_folder, tmp_path):
 
 def test_titan_generate_from_the_transformers_folder_alone(hf_folder, tmp_path):
     """No recipe, no flavor: the folder's config.json and tokenizer; greedy tokens equal transformers'."""
-    flavor, folder = hf_folder
-    local = tmp_path / "hf"
-    local.mkdir()
-    for file in folder.iterdir():
-        os.symlink(file, local / file.name)
-    os.symlink(TOKENIZER, local / "tokenizer.json")
-    command = [str(BIN / "titan-generate"), "--checkpoint", str(local), "--prompt", "And God said",
-               "--max-new-tokens", "12"]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from titan_train.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(None)
-    prompt = torch.tensor([tokenizer.encode("And God said", eos=False)])
-    greedy = hf_model(folder).generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_id)
-    assert proc.stdout.rstrip("\n") == "And God said" + tokenizer.decode(greedy[0, prompt.shape[1] :].tolist())
+    assert_titan_generate_equals_transformers_greedy(hf_folder[1], tmp_path)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from applied_checks import assert_layout_applied
-from launch_helpers import run_script
+from launch_helpers import parity_result, run_script
 
 MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_len", "64",
          "--training.local_batch_size", "2", "--training.steps", "5", "--metrics.log_freq", "1000",
@@ -45,10 +45,8 @@ FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 @functools.cache
 def reference(dp: int, tmp_root: str, options: tuple[str, ...]) -> dict:
     out = f"{tmp_root}/reference_dp{dp}_{'_'.join(options)}.pt"
-    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *options,
-                                           "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
+    return parity_result(out, ["--emulate-dp", str(dp), *MODEL, *options, "--job.dump_folder", f"{tmp_root}/ref"],
+                         nproc=None)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +57,7 @@ def tmp_root(tmp_path_factory) -> str:
 @pytest.mark.parametrize("case_id, world, dp, shared, options", CASES, ids=[c[0] for c in CASES])
 def test_moe_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
     out = f"{tmp_root}/{case_id}.pt"
-    proc = run_script("parity_driver.py", [out, *MODEL, *shared, *options, "--job.dump_folder",
-                                           f"{tmp_root}/{case_id}"], nproc=world)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = torch.load(out)
+    result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
     assert_layout_applied(result["applied"], world, [*shared, *options])
     ref = reference(dp, tmp_root, shared)
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from applied_checks import assert_layout_applied
-from launch_helpers import run_script
+from launch_helpers import parity_result, run_script
 
 MODEL = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "2",
          "--training.steps", "5", "--metrics.log_freq", "1000"]  # fmt: skip
@@ -131,10 +131,8 @@ WIDE_CASES = [
 def reference(dp: int, tmp_root: str, bf16: bool, options: tuple[str, ...] = ()) -> dict:
     out = f"{tmp_root}/reference_dp{dp}_{'bf16' if bf16 else 'fp32'}_{'_'.join(options)}.pt"
     extra = ["--training.mixed_precision_param", "bfloat16"] if bf16 else []
-    proc = run_script("parity_driver.py", [out, "--emulate-dp", str(dp), *MODEL, *extra, *options,
-                                           "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
+    return parity_result(out, ["--emulate-dp", str(dp), *MODEL, *extra, *options, "--job.dump_folder",
+                               f"{tmp_root}/ref"], nproc=None)  # fmt: skip
 
 
 def assert_parity(result: dict, ref: dict, loss_rtol: float, grad_rtol: float, grad_atol: float) -> None:

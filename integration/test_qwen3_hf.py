@@ -8,7 +8,6 @@ run in another order).
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +18,13 @@ import torch
 # The integration session installs transformers (nox -s integration).
 import transformers
 
+from hf_checks import assert_titan_generate_equals_transformers_greedy, first_batch_loss_by_transformers, hf_model
 from launch_helpers import ROOT, _env
 from titan_checkpoint import ModelState, adapter_from_hf_folder, load_checkpoint, load_hf_into_model
 from titan_models import get_model_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 BIN = Path(sys.executable).parent
-TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
 RECIPES = {"qwen3": ROOT / "configs" / "debug_model.toml", "qwen3_moe": ROOT / "configs" / "qwen3_moe_debug.toml"}
 SEQ_LEN, BATCH = 64, 2
 SHAPE = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -72,10 +71,6 @@ def hf_folder(request, tmp_path_factory):
     return request.param, folder
 
 
-def hf_model(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(seed))
 
@@ -117,21 +112,6 @@ def test_aux_loss_and_its_gradient_equal_transformers(hf_folder):
         )  # fmt: skip
 
 
-def first_batch_loss_by_transformers(folder, dp: int) -> float:
-    """The mean loss transformers gives the trainer's first global batch (the dp ranks' rows together)."""
-    from titan_train.data import build_dataloader
-    from titan_train.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(None)
-    rows = [next(iter(build_dataloader(dataset="kjv", dataset_path="", tokenizer=tokenizer, seq_len=SEQ_LEN,
-                                       local_batch_size=BATCH, dp_rank=k, dp_world_size=dp, seed=42)))
-            for k in range(dp)]  # fmt: skip
-    inputs, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
-    with torch.no_grad():
-        logits = hf_model(folder)(inputs).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
-
-
 def trainer_options(case, folder, dump, steps):
     name = "qwen3" if case == "qwen3" else "qwen3_moe"
     return ["--config", str(RECIPES[name]), "--model.name", name, "--model.flavor", f"hf:{folder}",
@@ -153,7 +133,7 @@ def test_training_starts_from_the_folders_weights_and_exports_what_transformers_
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(folder, 2), rel=1e-5)
+    assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(folder, 2, SEQ_LEN, BATCH), rel=1e-5)
     if case != "qwen3":
         assert all(row["aux_loss"] > 0 and row["expert_imbalance"] >= 1 for row in rows)
     export = dump / "hf"
@@ -169,19 +149,4 @@ def test_training_starts_from_the_folders_weights_and_exports_what_transformers_
 
 def test_titan_generate_from_the_transformers_folder_alone(hf_folder, tmp_path):
     """No recipe, no flavor: the folder's config.json and tokenizer; greedy tokens equal transformers'."""
-    case, folder = hf_folder
-    local = tmp_path / "hf"
-    local.mkdir()
-    for file in folder.iterdir():
-        os.symlink(file, local / file.name)
-    os.symlink(TOKENIZER, local / "tokenizer.json")
-    command = [str(BIN / "titan-generate"), "--checkpoint", str(local), "--prompt", "And God said",
-               "--max-new-tokens", "12"]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    from titan_train.data.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(None)
-    prompt = torch.tensor([tokenizer.encode("And God said", eos=False)])
-    greedy = hf_model(folder).generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_id)
-    assert proc.stdout.rstrip("\n") == "And God said" + tokenizer.decode(greedy[0, prompt.shape[1] :].tolist())
+    assert_titan_generate_equals_transformers_greedy(hf_folder[1], tmp_path)

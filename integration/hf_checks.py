@@ -1,0 +1,57 @@
+"""What the Hugging Face round-trip tests (Llama 3, Qwen3, Qwen3-MoE) compare against: transformers' own view
+of a folder, the reference every model family is checked with."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+# The integration session installs transformers (nox -s integration).
+import transformers
+
+from launch_helpers import ROOT, _env
+
+BIN = Path(sys.executable).parent
+TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
+
+
+def hf_model(folder) -> torch.nn.Module:
+    """The folder as transformers loads it (its config.json's architecture), in float32, for evaluation."""
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def first_batch_loss_by_transformers(folder, dp: int, seq_len: int, batch: int) -> float:
+    """The mean loss transformers gives the trainer's first global batch (the dp ranks' rows together)."""
+    from titan_train.data import build_dataloader
+    from titan_train.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    rows = [next(iter(build_dataloader(dataset="kjv", dataset_path="", tokenizer=tokenizer, seq_len=seq_len,
+                                       local_batch_size=batch, dp_rank=k, dp_world_size=dp, seed=42)))
+            for k in range(dp)]  # fmt: skip
+    inputs, labels = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+    with torch.no_grad():
+        logits = hf_model(folder)(inputs).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+
+
+def assert_titan_generate_equals_transformers_greedy(folder: Path, workdir: Path) -> None:
+    """`titan-generate --checkpoint` on the folder alone (no recipe, no flavor: its config.json and the
+    tokenizer beside it) prints the prompt and transformers' greedy continuation."""
+    local = workdir / "hf"
+    local.mkdir()
+    for file in folder.iterdir():
+        os.symlink(file, local / file.name)
+    os.symlink(TOKENIZER, local / "tokenizer.json")
+    command = [str(BIN / "titan-generate"), "--checkpoint", str(local), "--prompt", "And God said",
+               "--max-new-tokens", "12"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from titan_train.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    prompt = torch.tensor([tokenizer.encode("And God said", eos=False)])
+    greedy = hf_model(folder).generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_id)
+    assert proc.stdout.rstrip("\n") == "And God said" + tokenizer.decode(greedy[0, prompt.shape[1] :].tolist())
