@@ -174,8 +174,7 @@ class Llama3HFAdapter:
                     "moe.load_balance = 'aux_loss_free' cannot be exported to this Hugging Face architecture"
                 )
         raise ValueError(
-            f"{fqn!r} is not a {self.family} parameter name "
-            f"(expected e.g. 'layers.0.attention.wq.weight')"
+            f"{fqn!r} is not a {self.family} parameter name (expected e.g. 'layers.0.attention.wq.weight')"
         )
 
     def from_hf_key(self, hf_key: str) -> str:
