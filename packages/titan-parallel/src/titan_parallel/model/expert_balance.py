@@ -3,6 +3,7 @@ each step's tokens per expert summed over the data-parallel ranks (for auxiliary
 imbalance a run reports), and the auxiliary loss averaged like the training loss.
 
 A model part takes part by implementing (titan_models' decoder does):
+    moe_layers() -> {name: layer}    its mixture-of-experts layers (none: nothing to balance)
     set_loss_weight(weight)          the gradient weight of one unit of the next forwards' training loss
     take_routing_stats() -> (tokens per expert [moe layers, experts] or None, aux loss sum, forwards)
     update_expert_bias(load)         move the selection biases against the step's global load
@@ -35,20 +36,22 @@ def routed_parts(parts: list[nn.Module]) -> list[nn.Module]:
     return [part for part in parts if hasattr(part, "take_routing_stats")]
 
 
+def routes_experts(parts: list[nn.Module]) -> bool:
+    """Whether any of these parts holds a mixture-of-experts layer."""
+    return any(part.moe_layers() for part in routed_parts(parts))
+
+
 def set_loss_weight(parts: list[nn.Module], weight: float) -> None:
     for part in routed_parts(parts):
         part.set_loss_weight(weight)
 
 
-def balance_experts(parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages) -> RoutingReport | None:
+def balance_experts(parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages) -> RoutingReport:
     """After an optimizer step: sum each part's tokens per expert over the data ranks (`data_mesh`: those
-    holding different tokens), update the selection biases from it, and report. A collective on every rank
-    (None when no part has MoE layers, which every rank knows alike)."""
-    stats = [part.take_routing_stats() for part in routed_parts(parts)]
-    stats = [(part, *s) for part, s in zip(routed_parts(parts), stats, strict=True) if s[0] is not None]
-    has_moe = bool(stats)
-    if not any(gather_over_stages(float(has_moe))):
-        return None
+    holding different tokens), update the selection biases from it, and report. A collective on every rank,
+    called where some pipeline stage routes experts (routes_experts, over the stages), on every stage alike."""
+    stats = [(part, *part.take_routing_stats()) for part in routed_parts(parts)]
+    stats = [entry for entry in stats if entry[1] is not None]
     loads, aux_sum, forwards, trains_aux = [], 0.0, 0, False
     spread = data_mesh is not None and data_mesh.size() > 1
     for part, load, part_aux, part_forwards in stats:

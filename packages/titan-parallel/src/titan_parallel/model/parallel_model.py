@@ -36,7 +36,7 @@ from titan_parallel.loss.chunked_loss import HeadLoss
 from titan_parallel.model.applied_layout import describe_applied
 from titan_parallel.model.clip_grad import clip_grad_norm_
 from titan_parallel.model.compile import apply_compile
-from titan_parallel.model.expert_balance import RoutingReport, balance_experts, set_loss_weight
+from titan_parallel.model.expert_balance import RoutingReport, balance_experts, routes_experts, set_loss_weight
 from titan_parallel.model.layout import DataParallel, Layout
 from titan_parallel.params.stored_params import sharded_params
 from titan_parallel.pp.pipeline import Pipeline, build_pipeline
@@ -211,6 +211,8 @@ class ParallelModel:
         self._cp_mesh = layout.dims.submesh("cp") if layout.context_parallel is not None else None
         # The loss is reported as the mean over every rank that holds different tokens.
         self._loss_mesh = layout.dims.submesh("dp_cp")
+        # Decided once (a collective over the stages): dense models skip the balancing after every step.
+        self._routes_experts = any(self.gather_over_stages(float(routes_experts(parts))))
 
     @property
     def whole_model(self) -> nn.Module:
@@ -297,6 +299,8 @@ class ParallelModel:
         expert summed over data ranks, selection biases moved (aux_loss_free). Returns the step's routing
         report, None without MoE layers. A collective: every rank calls it after every step."""
         self._converter.after_optimizer_step(self.parts)
+        if not self._routes_experts:
+            return None
         return balance_experts(self.parts, self._loss_mesh, self.gather_over_stages)
 
     def gather_over_stages(self, value: float) -> list[float]:
