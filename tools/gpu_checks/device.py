@@ -3,6 +3,7 @@ name, `<date>-<device slug>`, so runs on different GPUs (and days) sit side by s
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -60,7 +61,8 @@ def versions() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "git_commit": _git("rev-parse", "HEAD").strip() or None,
+        # A machine the tree was copied to without .git gets the commit from the one that sent it.
+        "git_commit": _git("rev-parse", "HEAD").strip() or os.environ.get("TITAN_GPU_CHECK_COMMIT") or None,
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no").strip()),
         "packages": {name: _installed(name) for name in PACKAGES},
     }

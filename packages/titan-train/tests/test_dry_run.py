@@ -259,7 +259,7 @@ def test_fsdp_buffers_come_from_the_stream_pools_torch_allocates_them_on():
     each stream's pool apart, so the stream of each buffer decides which cached blocks it can reuse."""
     config = load_config(parse_argv(["--config", str(ROOT / "configs/debug_model.toml")]))
     env = RunEnv(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
-    with fake_rank(0, 2, (8, 256, 256), torch.float32):
+    with fake_rank(0, 2):
         tracker, _, _ = measure_steps(config, env, 1)
     allocs = [e for e in tracker.events if e.action == "alloc"]
     outputs = [i for i, e in enumerate(allocs) if e.stream == "reduce_scatter"]

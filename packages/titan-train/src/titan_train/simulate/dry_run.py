@@ -141,9 +141,9 @@ def simulate(
 ) -> dict:
     """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures."""
     layout = resolve_layout(config, world_size)
-    hidden_shape, hidden_dtype = _hidden(config, layout)
+    pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
     env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
-    with fake_rank(rank_class.representative, world_size, hidden_shape, hidden_dtype):
+    with fake_rank(rank_class.representative, world_size, pipeline_hidden):
         tracker, held, trainer = measure_steps(config, env, STEPS, layout)
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()

@@ -75,9 +75,12 @@ def _build_mesh_with_real_tensors(original):
 
 
 @contextlib.contextmanager
-def fake_rank(rank: int, world_size: int, hidden_shape, hidden_dtype: torch.dtype) -> Iterator[FakeTensorMode]:
+def fake_rank(
+    rank: int, world_size: int, pipeline_hidden: tuple[tuple[int, ...], torch.dtype] | None = None
+) -> Iterator[FakeTensorMode]:
     """Inside: this process is `rank` of `world_size` on the fake backend, every new tensor fake.
-    `hidden_shape`: the activations between pipeline stages (micro-batch, local sequence, dim)."""
+    `pipeline_hidden`: with pipeline parallelism, the shape (micro-batch, local sequence, dim) and dtype of the
+    activations between stages, which stand in for the metadata neighbouring stages would send."""
     if dist.is_initialized():
         raise RuntimeError("a dry run needs a process without a process group (it creates a fake one)")
     init_fake_process_group(rank, world_size)
@@ -85,12 +88,12 @@ def fake_rank(rank: int, world_size: int, hidden_shape, hidden_dtype: torch.dtyp
 
     def hidden_states(stage):
         with fake_mode:
-            return (torch.empty(hidden_shape, dtype=hidden_dtype),)
+            return (torch.empty(pipeline_hidden[0], dtype=pipeline_hidden[1]),)
 
     try:
         with (
             mock.patch.object(ParallelDims, "build_mesh", _build_mesh_with_real_tensors(ParallelDims.build_mesh)),
-            pipeline_meta_exchange(hidden_states),
+            pipeline_meta_exchange(hidden_states) if pipeline_hidden else contextlib.nullcontext(),
             swap_tensors_dropping_weak_caches(),
             fake_mode,
         ):

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPCommContext
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwardMeta, extract_tensor_metas
 from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers the "fake" backend
 from torch.utils._pytree import tree_leaves  # the leaves of nested tuples, lists and dicts: an op's arguments
 from torch.utils.weak import WeakIdRef
@@ -75,6 +74,10 @@ def pipeline_meta_exchange(hidden_states: Callable[[PipelineStage], tuple[torch.
     `_send_meta(meta, dst_stage)`); fake collectives carry no objects. So `_send_meta` sends nothing, and
     `_recv_meta` answers, from the previous stage, the metadata of `hidden_states(stage)` (the activations
     between stages) and, from the next stage, as output grads the metadata of the stage's own outputs."""
+
+    # Imported only when a pipeline is simulated: these are newer than the rest of what is used here (torch 2.13
+    # has them, 2.11 does not), so a dry run without PP also runs on older torch (the GPU check's machine).
+    from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwardMeta, extract_tensor_metas
 
     def recv_meta(self, src_stage: int):
         if src_stage < self.stage_index:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU check on a machine that cannot reach a package index (a lent GPU): Titan's packages and what the
+# machine lacks travel as wheels, are installed beside the machine's own CUDA torch, and the check runs.
+#
+#   bash tools/gpu_check_offline.sh wheels             # here, with network: wheels into .whl/
+#   bash tools/gpu_check_offline.sh run OUT [ARGS...]  # there: install .whl/, run gpu_check, results + logs in OUT
+#
+# The machine's torch is used as it is, even outside Titan's declared range (the results record its version).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=.whl
+# What the GPU image lacks of Titan's dependencies (it has numpy, safetensors, tokenizers, tensorboard).
+EXTRA=(torchdata==0.11.0 torchao==0.18.0)
+
+case "${1:-}" in
+wheels)
+  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+  python -m pip wheel -q --no-deps -w "$WHEELS" packages/titan-*
+  python -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "${EXTRA[@]}"
+  ls "$WHEELS"
+  ;;
+run)
+  out=${2:?usage: gpu_check_offline.sh run OUT [gpu_check args...]}
+  shift 2
+  mkdir -p "$out"
+  site=/tmp/titan-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$WHEELS"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  export TITAN_GPU_CHECK_COMMIT="${TITAN_GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+  work=/tmp/titan-gpu-check
+  status=0
+  python3 tools/gpu_check.py --out "$out" --work "$work" "$@" 2>&1 | tee "$out/console.log" || status=$?
+  # The logs and metrics, small enough to bring back (run folders also hold checkpoints and traces).
+  (cd "$work" && find . \( -name '*.log' -o -name '*.json' -o -name 'metrics.jsonl' \) -size -4M -print0 |
+    tar czf "$out/logs.tar.gz" --null -T -) || true
+  exit "$status"
+  ;;
+*)
+  sed -n 2,8p "$0" >&2
+  exit 2
+  ;;
+esac
