@@ -206,18 +206,40 @@ class ExactAllocator:
     def reserved(self):
         return self.total
 
+    def new_segment_address(self, handle):
+        return None
+
+
+def models() -> dict:
+    return {name: allocator.ModelAllocator(None, False) for name in allocator.MODELS}
+
+
+def comparisons() -> dict:
+    return {name: allocator.Comparison() for name in allocator.MODELS}
+
 
 def test_the_allocator_comparison_finds_the_first_call_that_differs():
     calls = allocator.random_calls(seed=0, calls=300)
     assert {c[0] for c in calls} == {"alloc", "free", "release"}
-    same = allocator.Comparison()
-    allocator.replay_both(calls, allocator.ModelAllocator(None, False), allocator.ModelAllocator(None, False), same)
-    assert same.calls == same.equal == 300 and same.first_difference is None
-    different = allocator.Comparison()
-    allocator.replay_both(calls, ExactAllocator(), allocator.ModelAllocator(None, False), different)
+    same = comparisons()
+    allocator.replay_both(calls, allocator.ModelAllocator(None, False), models(), same)
+    assert all(c.calls == c.equal == 300 and c.first_difference is None for c in same.values())
+    different = comparisons()["own_addresses"]
+    allocator.replay_both(calls, ExactAllocator(), {"own_addresses": allocator.ModelAllocator(None, False)},
+                          {"own_addresses": different})  # fmt: skip
     assert different.first_difference["call"] == 0  # the model rounds the first request up to a segment
     assert different.first_difference["real"] == calls[0][2]
     assert different.equal < different.calls
+
+
+def test_segment_addresses_decide_ties_and_the_model_told_them_follows_exactly():
+    """A stand-in placing segments at random addresses (as cudaMalloc may) reuses other equal-sized free blocks
+    than a model placing them in order, and later reserves a segment more or less; the model told each new
+    segment's address follows it at every call. Without the address feed both would drift."""
+    result = allocator.drive(seeds=2, calls=2000, expandable=False, fake=True)
+    told, own = result["real_addresses"], result["own_addresses"]
+    assert told["equal"] == told["calls"] == 4000 and told["first_difference"] is None
+    assert own["equal"] < own["calls"] and own["max_abs_diff"] == 2 * 1024**2  # one small-pool segment
 
 
 BENCH_OUTPUT = """

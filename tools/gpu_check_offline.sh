@@ -2,8 +2,9 @@
 # The GPU check on a machine that cannot reach a package index (a lent GPU): Titan's packages and what the
 # machine lacks travel as wheels, are installed beside the machine's own CUDA torch, and the check runs.
 #
-#   bash tools/gpu_check_offline.sh wheels             # here, with network: wheels into .whl/
-#   bash tools/gpu_check_offline.sh run OUT [ARGS...]  # there: install .whl/, run gpu_check, results + logs in OUT
+#   bash tools/gpu_check_offline.sh wheels             # here, with network: wheels into .whl/ (commit first)
+#   TITAN_GPU_CHECK_COMMIT=<sha> bash tools/gpu_check_offline.sh run OUT [ARGS...]
+#                                                      # there: install .whl/, run gpu_check, results + logs in OUT
 #
 # The machine's torch is used as it is, even outside Titan's declared range (the results record its version).
 set -euo pipefail
@@ -18,6 +19,7 @@ wheels)
   python -m pip wheel -q --no-deps -w "$WHEELS" packages/titan-*
   python -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "${EXTRA[@]}"
   ls "$WHEELS"
+  echo "built from $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   ;;
 run)
   out=${2:?usage: gpu_check_offline.sh run OUT [gpu_check args...]}
@@ -26,7 +28,8 @@ run)
   site=/tmp/titan-site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$WHEELS"/*.whl
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-  export TITAN_GPU_CHECK_COMMIT="${TITAN_GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}"
+  # The commit comes from the sender (TITAN_GPU_CHECK_COMMIT): a .git on the machine may be a stale copy.
+  : "${TITAN_GPU_CHECK_COMMIT:?set TITAN_GPU_CHECK_COMMIT to the commit the wheels were built from}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   work=/tmp/titan-gpu-check
   status=0
@@ -37,7 +40,7 @@ run)
   exit "$status"
   ;;
 *)
-  sed -n 2,8p "$0" >&2
+  sed -n 2,9p "$0" >&2
   exit 2
   ;;
 esac

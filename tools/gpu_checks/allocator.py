@@ -1,12 +1,16 @@
 """The caching-allocator model (titan_debug.caching_allocator.CachingAllocatorModel) against torch's CUDA
 caching allocator: the same random sequence of allocations, frees and cache releases goes to both, and the
-reserved bytes must be equal after every call. Run once with the default setting and once with
-`expandable_segments:True`, each in a fresh process (torch reads PYTORCH_CUDA_ALLOC_CONF once):
+reserved bytes must be equal after every call. The model is told where cudaMalloc put each new segment: the
+address breaks ties between equal free blocks, and cudaMalloc's choice is the driver's, which no model can
+know. A second model placing segments itself, as a dry run does, is compared too, and how far it drifts is
+recorded. Run once with the default setting and once with `expandable_segments:True`, each in a fresh process
+(torch reads PYTORCH_CUDA_ALLOC_CONF once):
 
     python -m gpu_checks.allocator OUT.json [--expandable] [--fake] [--seeds N] [--calls N]
 
-`--fake` (the CPU rehearsal) puts a second, independent model where the real allocator would be: it runs the
-driver's logic (the sequences, the lockstep, the comparison), not the claim.
+`--fake` (the CPU rehearsal) puts a second, independent model placing segments at random addresses where the
+real allocator would be: it runs the driver's logic (the sequences, the lockstep, the address feed, the
+comparison), not the claim.
 """
 
 from __future__ import annotations
@@ -53,11 +57,27 @@ def random_calls(seed: int, calls: int) -> list[tuple]:
 
 
 class ModelAllocator:
-    def __init__(self, capacity: int | None, expandable: bool):
-        self.model = CachingAllocatorModel(capacity, expandable_segments=expandable)
+    """The model. As the CPU rehearsal's stand-in for torch (`shuffled`), it places each new segment at a
+    random address, as unpredictable to the model under test as cudaMalloc's choice."""
 
-    def malloc(self, nbytes: int):
-        return self.model.malloc(nbytes)
+    def __init__(self, capacity: int | None, expandable: bool, shuffled: bool = False):
+        self.model = CachingAllocatorModel(capacity, expandable_segments=expandable)
+        self.rng = random.Random(1) if shuffled else None
+        self.reserved_before = 0
+
+    def malloc(self, nbytes: int, segment_address: int | None = None):
+        if self.rng is not None:
+            segment_address = self.rng.randrange(1 << 20) << 30
+        self.reserved_before = self.model.reserved_bytes
+        return self.model.malloc(nbytes, segment_address=segment_address)
+
+    def new_segment_address(self, block) -> int | None:
+        """Where the segment the last malloc made starts (None if it made none)."""
+        if block is None or self.model.reserved_bytes <= self.reserved_before:
+            return None
+        while block.prev is not None:
+            block = block.prev
+        return block.address
 
     def free(self, handle) -> None:
         self.model.free(handle)
@@ -76,9 +96,21 @@ class TorchAllocator:
         import torch
 
         self.torch = torch
+        self.reserved_before = 0
 
     def malloc(self, nbytes: int):
+        self.reserved_before = self.reserved()
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def new_segment_address(self, tensor) -> int | None:
+        """Where cudaMalloc put the segment the last malloc made (None if it made none)."""
+        if self.reserved() <= self.reserved_before:
+            return None
+        pointer = tensor.data_ptr()
+        for segment in self.torch.cuda.memory_snapshot():
+            if segment["address"] <= pointer < segment["address"] + segment["total_size"]:
+                return segment["address"]
+        raise RuntimeError(f"no segment in torch.cuda.memory_snapshot() holds the new tensor at {pointer:#x}")
 
     def free(self, handle) -> None:
         pass  # the caller holds no other reference: once this returns, the block goes back to the cache
@@ -110,21 +142,35 @@ class Comparison:
             self.first_difference = {**where, "real": observed, "model": predicted}
 
 
-def replay_both(calls: list[tuple], real, model, comparison: Comparison) -> None:
-    """Every call to both allocators in turn; reserved bytes compared after each. Ends with everything freed
-    and both caches released."""
-    comparison.sequences += 1
-    real_handles, model_handles = {}, {}
+# Two models follow the real allocator: one told where cudaMalloc put each new segment (its rules, checked
+# exactly), one placing segments itself as a dry run must (what a prediction can be off by).
+MODELS = ("real_addresses", "own_addresses")
+
+
+def replay_both(calls: list[tuple], real, models: dict, comparisons: dict[str, Comparison]) -> None:
+    """Every call to the real allocator and to each model in turn; reserved bytes compared after each. The
+    model named "real_addresses" is given the address of each segment the real allocator makes. Ends with
+    everything freed and the real cache released."""
+    for comparison in comparisons.values():
+        comparison.sequences += 1
+    real_handles, model_handles = {}, {name: {} for name in models}
     for index, call in enumerate(calls):
         if call[0] == "alloc":
-            real_handles[call[1]], model_handles[call[1]] = real.malloc(call[2]), model.malloc(call[2])
+            real_handles[call[1]] = real.malloc(call[2])
+            address = real.new_segment_address(real_handles[call[1]])
+            for name, model in models.items():
+                given = address if name == "real_addresses" else None
+                model_handles[name][call[1]] = model.malloc(call[2], segment_address=given)
         elif call[0] == "free":
             real.free(real_handles.pop(call[1]))
-            model.free(model_handles.pop(call[1]))
+            for name, model in models.items():
+                model.free(model_handles[name].pop(call[1]))
         else:
             real.release()
-            model.release()
-        comparison.add(index, call, real.reserved(), model.reserved())
+            for model in models.values():
+                model.release()
+        for name, model in models.items():
+            comparisons[name].add(index, call, real.reserved(), model.reserved())
     real_handles.clear()
     real.release()
 
@@ -136,15 +182,16 @@ def _device_capacity() -> int:
 
 
 def drive(seeds: int, calls: int, expandable: bool, fake: bool) -> dict:
-    """`seeds` sequences of `calls` calls each, a fresh model per sequence (the real allocator is released
-    between them, so it must be back at zero reserved bytes)."""
+    """`seeds` sequences of `calls` calls each, fresh models per sequence (the real allocator is released
+    between them, so it must be back at zero reserved bytes). Per model, its comparison with the real one."""
     capacity = None if fake else _device_capacity()
-    comparison = Comparison()
+    comparisons = {name: Comparison() for name in MODELS}
     for seed in range(seeds):
-        real = ModelAllocator(capacity, expandable) if fake else TorchAllocator()
-        replay_both(random_calls(seed, calls), real, ModelAllocator(capacity, expandable), comparison)
-    return {**vars(comparison), "seeds": seeds, "calls_per_seed": calls, "expandable_segments": expandable,
-            "fake": fake}  # fmt: skip
+        real = ModelAllocator(capacity, expandable, shuffled=True) if fake else TorchAllocator()
+        models = {name: ModelAllocator(capacity, expandable) for name in MODELS}
+        replay_both(random_calls(seed, calls), real, models, comparisons)
+    common = {"seeds": seeds, "calls_per_seed": calls, "expandable_segments": expandable, "fake": fake}
+    return {name: {**vars(comparison), **common} for name, comparison in comparisons.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def allocator_model(ctx: Context) -> None:
-    """The check: both settings, each in its own process; fails at the first call where the bytes differ."""
+    """The check: both settings, each in its own process. It fails at the first call where the model told
+    cudaMalloc's addresses reserves other bytes than torch; the model placing segments itself (as the dry run
+    does) is recorded beside it, with how often and by how much it differs."""
     differences = []
     for setting, conf in SETTINGS.items():
         out = ctx.work / f"{setting}.json"
@@ -169,21 +218,25 @@ def allocator_model(ctx: Context) -> None:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
         flags = [*(["--expandable"] if conf else []), *([] if ctx.cuda else ["--fake", "--calls", "500"])]
         ctx.run(ctx.python("-m", "gpu_checks.allocator", str(out), *flags), setting, env)
-        result = json.loads(out.read_text())
-        ctx.record(**{setting: result})
-        ctx.compare(setting, "peak reserved", result["peak_model"] / MIB, result["peak_real"] / MIB, "MiB")
-        if result["first_difference"]:
-            differences.append(f"{setting}: first at {result['first_difference']}")
+        results = json.loads(out.read_text())
+        ctx.record(**{setting: results["real_addresses"], f"{setting}_own_addresses": results["own_addresses"]})
+        for name, result in results.items():
+            case = setting if name == "real_addresses" else f"{setting}, own addresses"
+            ctx.compare(case, "peak reserved", result["peak_model"] / MIB, result["peak_real"] / MIB, "MiB")
+        if results["real_addresses"]["first_difference"]:
+            differences.append(f"{setting}: first at {results['real_addresses']['first_difference']}")
     if not ctx.cuda:
-        ctx.note("CPU rehearsal: a second model stands for torch's allocator (the driver's logic, not the claim)")
-    ctx.record(headline="; ".join(_summary(s, ctx.figures[s]) for s in SETTINGS if s in ctx.figures))
+        ctx.note("CPU rehearsal: a second model with random segment addresses stands for torch's allocator "
+                 "(the driver's logic, not the claim)")  # fmt: skip
+    ctx.record(headline="; ".join(_summary(s, ctx.figures) for s in SETTINGS if s in ctx.figures))
     if differences:
         raise CheckFailed("reserved bytes differ: " + "; ".join(differences))
 
 
-def _summary(setting: str, result: dict) -> str:
-    equal, diff = f"{result['equal']}/{result['calls']}", result["max_abs_diff"] / MIB
-    return f"{setting}: {equal} calls equal, max diff {diff:.0f} MiB"
+def _summary(setting: str, figures: dict) -> str:
+    fed, own = figures[setting], figures[f"{setting}_own_addresses"]
+    return (f"{setting}: {fed['equal']}/{fed['calls']} calls equal (own addresses {own['equal']}, "
+            f"max diff {own['max_abs_diff'] / MIB:.0f} MiB)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -53,6 +53,18 @@ def _installed(name: str) -> str | None:
         return None
 
 
+def _commit() -> dict:
+    """The commit checked. A machine the tree was copied to (tools/gpu_check_offline.sh) is told it by the one
+    that sent it: a .git there, if any, is not the sender's."""
+    sent = os.environ.get("TITAN_GPU_CHECK_COMMIT")
+    if sent:
+        return {"git_commit": sent, "git_dirty": None}
+    return {
+        "git_commit": _git("rev-parse", "HEAD").strip() or None,
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no").strip()),
+    }
+
+
 def versions() -> dict:
     import torch
 
@@ -61,9 +73,7 @@ def versions() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        # A machine the tree was copied to without .git gets the commit from the one that sent it.
-        "git_commit": _git("rev-parse", "HEAD").strip() or os.environ.get("TITAN_GPU_CHECK_COMMIT") or None,
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no").strip()),
+        **_commit(),
         "packages": {name: _installed(name) for name in PACKAGES},
     }
 

@@ -11,7 +11,10 @@ segments, no garbage-collection threshold):
   larger ones from the large pool, whose segments are 20 MiB (``kLargeBuffer``) for requests under 10 MiB
   (``kMinLargeAlloc``) and the request rounded up to 2 MiB (``kRoundLarge``) otherwise;
 - a free block is reused only by the pool and stream that made its segment; the best fit is the smallest
-  free block that is large enough, the lowest address among equals (``BlockComparatorSize``);
+  free block that is large enough, the lowest address among equals (``BlockComparatorSize``). Where cudaMalloc
+  puts a segment is the driver's choice: the model places each new segment past the last unless told the real
+  address (``malloc(..., segment_address=)``), so a tie between equal free blocks in different segments can
+  go the other way and, later, one segment more or less be reserved than torch reserves;
 - the allocated block takes the front of the chosen block; the rest is split off as a new free block when it
   is at least 512 B (small pool) or more than 1 MiB (large pool), else the request keeps the whole block;
 - a freed block merges with free neighbours of its segment;
@@ -30,6 +33,7 @@ graph private pools, and the driver's own memory (CUDA context, NCCL buffers), w
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -118,12 +122,15 @@ class CachingAllocatorModel:
         address_space = (capacity_bytes or 1 << 50) * 9 // 8
         self._address_space = -(-address_space // K_LARGE_BUFFER) * K_LARGE_BUFFER
 
-    def malloc(self, nbytes: int, stream: str = "default") -> _Block | None:
+    def malloc(self, nbytes: int, stream: str = "default", segment_address: int | None = None) -> _Block | None:
+        """`segment_address`: where a new segment made for this request starts (cudaMalloc's choice, when it is
+        known); by default past every segment so far. Addresses only break best-fit ties between free blocks
+        of equal size, so they decide which block is reused, not how many bytes are reserved at the time."""
         if nbytes == 0:
             return None
         size = round_size(nbytes)
         small = size <= K_SMALL_SIZE
-        block = self._take_best_fit(small, stream, size) or self._allocate_new(small, stream, size)
+        block = self._take_best_fit(small, stream, size) or self._allocate_new(small, stream, size, segment_address)
         remaining = block.size - size
         if remaining >= K_MIN_BLOCK_SIZE if small or self.expandable_segments else remaining > K_SMALL_SIZE:
             rest = _Block(block.address + size, remaining, stream, small, expandable=block.expandable)
@@ -182,9 +189,12 @@ class CachingAllocatorModel:
         unmapped_after = block.next.size if block.next is not None and not block.next.mapped else 0
         return block.size + unmapped_after
 
-    def _allocate_new(self, small: bool, stream: str, size: int) -> _Block:
+    def _allocate_new(self, small: bool, stream: str, size: int, address: int | None = None) -> _Block:
         """A block from new device memory; on failure release the cache and retry once, as torch does."""
-        allocate = self._grow_expandable_segment if self.expandable_segments else self._new_segment
+        if self.expandable_segments:  # its pages are mapped inside address space reserved once, in order
+            allocate = self._grow_expandable_segment
+        else:
+            allocate = functools.partial(self._new_segment, address=address)
         block = allocate(small, stream, size)
         if block is None:
             self.release_cached_segments()
@@ -195,12 +205,13 @@ class CachingAllocatorModel:
             raise SimulatedOutOfMemory(size, wanted, self.reserved_bytes, self.allocated_bytes, self.capacity_bytes)
         return block
 
-    def _new_segment(self, small: bool, stream: str, size: int) -> _Block | None:
+    def _new_segment(self, small: bool, stream: str, size: int, address: int | None = None) -> _Block | None:
         segment = segment_size(size)
         if not self._fits(segment):
             return None
-        block = _Block(self._next_address, segment, stream, small)
-        self._next_address += segment
+        address = self._next_address if address is None else address
+        block = _Block(address, segment, stream, small)
+        self._next_address = max(self._next_address, address + segment)
         self.reserved_bytes += segment
         self.segments += 1
         return block
