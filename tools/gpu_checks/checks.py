@@ -43,6 +43,14 @@ CHECKS: tuple[Check, ...] = (
         150,
     ),
     Check(
+        "moe_debug",
+        "mixture of experts on CUDA: torch's grouped matmul kernel (bf16, sm90+) against a float32 per-expert loop, "
+        "forward and gradients, empty experts included; the Qwen3-MoE debug recipe trains compiled in bf16, the "
+        "loss falls, aux loss and expert imbalance reported every step",
+        "gpu_checks.moe:moe_debug",
+        90,
+    ),
+    Check(
         "allocator_model",
         "the caching-allocator model (titan_debug.caching_allocator) against torch's allocator: reserved bytes "
         "after every call of random allocate/free sequences, default and expandable segments",

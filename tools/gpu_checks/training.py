@@ -47,10 +47,10 @@ def read_metrics(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def train(ctx: Context, name: str, overrides: list[str]) -> list[dict]:
-    """One titan-train run in WORK/NAME; its metrics rows (one per step)."""
+def train(ctx: Context, name: str, overrides: list[str], recipe: Path = RECIPE) -> list[dict]:
+    """One titan-train run of `recipe` in WORK/NAME; its metrics rows (one per step)."""
     folder = ctx.work / name
-    argv = ctx.python("-m", "titan_train", "--config", str(RECIPE), *overrides, "--job.dump_folder", str(folder),
+    argv = ctx.python("-m", "titan_train", "--config", str(recipe), *overrides, "--job.dump_folder", str(folder),
                       "--validation.enable", "false", "--metrics.log_freq", "1")  # fmt: skip
     ctx.run(argv, name)
     rows = read_metrics(folder)
