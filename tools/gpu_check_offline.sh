@@ -4,7 +4,7 @@
 #
 #   bash tools/gpu_check_offline.sh wheels             # here, with network: wheels into .whl/ (commit first)
 #   TITAN_GPU_CHECK_COMMIT=<sha> bash tools/gpu_check_offline.sh run OUT [ARGS...]
-#                                                      # there: install .whl/, run gpu_check, results + logs in OUT
+#                                                      # there: install .whl/, run gpu_check, copy results + logs to OUT
 #
 # The machine's torch is used as it is, even outside Titan's declared range (the results record its version).
 set -euo pipefail
@@ -33,7 +33,10 @@ run)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   work=/tmp/titan-gpu-check
   status=0
-  python3 tools/gpu_check.py --out "$out" --work "$work" "$@" 2>&1 | tee "$out/console.log" || status=$?
+  # Results go to the tree's gpu_results/ first, so a run beside committed ones of the same day gets -2, -3.
+  before=$(ls gpu_results)
+  python3 tools/gpu_check.py --work "$work" "$@" 2>&1 | tee "$out/console.log" || status=$?
+  comm -13 <(echo "$before") <(ls gpu_results) | while read -r new; do cp "gpu_results/$new" "$out/"; done
   # The logs and metrics, small enough to bring back (run folders also hold checkpoints and traces).
   (cd "$work" && find . \( -name '*.log' -o -name '*.json' -o -name 'metrics.jsonl' \) -size -4M -print0 |
     tar czf "$out/logs.tar.gz" --null -T -) || true

@@ -7,6 +7,8 @@ import pytest
 from titan_debug.alloc_trace import AllocEvent
 from titan_debug.caching_allocator import CachingAllocatorModel, SimulatedOutOfMemory, replay
 
+MIB = 1024**2
+
 KiB = 1024
 MiB = 1024 * 1024
 
@@ -195,3 +197,20 @@ def test_random_traces_keep_the_block_lists_consistent(expandable):
                 assert block.next.address == block.address + block.size
                 both_free = not block.allocated and not block.next.allocated
                 assert not (both_free and block.mapped == block.next.mapped), "free neighbours left unmerged"
+
+
+@pytest.mark.parametrize("cuda_placed_second_segment_lower", [True, False])
+def test_segment_addresses_decide_which_equal_free_block_is_reused(cuda_placed_second_segment_lower):
+    """Two free 1 MiB blocks in two small segments: the lower address is reused, so where cudaMalloc put the
+    segments decides whether the first segment empties and is released."""
+    model = CachingAllocatorModel()
+    first_address, second_address = (100 << 30, 1 << 30) if cuda_placed_second_segment_lower else (None, None)
+    a = model.malloc(MIB, segment_address=first_address)  # segment 1: a and a free 1 MiB rest
+    b = model.malloc(MIB)  # takes segment 1's rest
+    model.malloc(MIB, segment_address=second_address)  # segment 2: one block and a free 1 MiB rest
+    model.free(a)
+    model.malloc(MIB)  # one of the two free 1 MiB blocks, the one at the lower address
+    model.free(b)
+    model.release_cached_segments()
+    # Segment 2 lower: its rest was taken, segment 1 emptied and was released; else segment 1 is still in use.
+    assert model.reserved_bytes == (1 if cuda_placed_second_segment_lower else 2) * 2 * MIB
