@@ -10,13 +10,9 @@ titan-train's Layout: a check computed by the code under test would agree with i
 import os
 
 MULTI_STAGE_SCHEDULES = {"Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
-COLWISE, ROWWISE = (
-    ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"),
-    (
-        "attention.wo",
-        "feed_forward.w2",
-    ),
-)
+# Llama's and Hyena's (mixer) projections.
+COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "mixer.in_proj")
+ROWWISE = ("attention.wo", "feed_forward.w2", "mixer.out_proj")
 
 
 def options_dict(options: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -24,13 +20,15 @@ def options_dict(options: list[str] | tuple[str, ...]) -> dict[str, str]:
     return {options[i][2:]: options[i + 1] for i in range(0, len(options), 2)}
 
 
-BLOCKS_PER_FLAVOR = {"tiny": 4, "tiny8": 8, "tiny-3.1": 4, "tiny-3.2": 4}
+# (model.name, model.flavor) -> blocks; a case that names no model runs a 4-block tiny (Llama 3, Qwen3).
+BLOCKS_PER_FLAVOR = {"tiny": 4, "tiny8": 8, "tiny-3.1": 4, "tiny-3.2": 4, ("hyena", "tiny"): 2}
 
 
 def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options: list[str]):
     """`options`: every option the case passed beyond the tiny model's (later ones win, as on the CLI)."""
     o = options_dict(options)
-    n_blocks = BLOCKS_PER_FLAVOR[o.get("model.flavor", "tiny")]
+    flavor = o.get("model.flavor", "tiny")
+    n_blocks = BLOCKS_PER_FLAVOR[(o["model.name"], flavor) if o.get("model.name") == "hyena" else flavor]
     tp, cp, pp, replicate = (
         int(o.get(f"parallelism.{name}_degree", 1))
         for name in ("tensor_parallel", "context_parallel", "pipeline_parallel", "data_parallel_replicate")

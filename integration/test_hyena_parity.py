@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 
+from applied_checks import assert_layout_applied
 from launch_helpers import run_script
 from test_parallel_parity import FP32, assert_parity
 
@@ -47,4 +48,6 @@ def test_hyena_layout_matches_single_process(case_id, world, dp, options, tmp_ro
     proc = run_script("parity_driver.py", [out, *MODEL, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"],
                       nproc=world)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert_parity(torch.load(out), reference(dp, tmp_root), **FP32)
+    result = torch.load(out)
+    assert_layout_applied(result["applied"], world, [*MODEL, *options])
+    assert_parity(result, reference(dp, tmp_root), **FP32)
