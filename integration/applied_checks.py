@@ -80,9 +80,19 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     if simple:
         assert all(name.startswith("SimpleFSDP") for name in linear), f"{where}: linear classes {linear}"
 
+    ep = int(o.get("parallelism.expert_parallel_degree", 1))
+    _assert_expert_parallel(part, ep, where)
     data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp"}
     for name, p in part["params"].items():
         sharded_on = dict(zip(p["mesh"], p["placements"], strict=True))
+        if ep > 1 and ".experts." in name:
+            # Replicated over dp_replicate (HSDP), FSDP-sharded over edp_shard, then split by expert over the
+            # expert-parallel ranks.
+            mesh = p["mesh"][1:] if replicate > 1 else p["mesh"]
+            assert replicate == 1 or sharded_on["dp_replicate"] == "R", f"{where} {name}: {p}"
+            assert mesh[0] == "edp_shard" and p["placements"][-1] == "S(0)", f"{where} {name}: {p}"
+            assert set(mesh[1:]) <= {"dp_shard_in_ep", "cp", "ep"}, f"{where} {name}: {p}"
+            continue
         if fsdp2 or simple:
             assert data_dims & set(sharded_on), f"{where} {name}: not on a data-parallel mesh: {p}"
         else:
@@ -98,6 +108,20 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
                 assert style == want, f"{where} {name}: tp style {style}, expected {want}"
     if tp == 1:
         assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
+
+
+SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe tiny: layer 0 dense
+EXPERTS = 8
+
+
+def _assert_expert_parallel(part: dict, ep: int, where: str) -> None:
+    """Every sparse layer's experts split over `ep` ranks (none split without expert parallelism)."""
+    if ep == 1:
+        assert part["expert_parallel"] == {}, f"{where}: expert parallel {part['expert_parallel']}"
+        return
+    want = {f"{fqn}.feed_forward.experts": {"ep": ep, "experts": EXPERTS, "local_experts": EXPERTS // ep}
+            for fqn in SPARSE_LAYERS if fqn in part["blocks"]}  # fmt: skip
+    assert part["expert_parallel"] == want, f"{where}: expert parallel {part['expert_parallel']}"
 
 
 def _assert_fsdp_unit(unit: dict, o: dict, where: str, last_block: bool) -> None:

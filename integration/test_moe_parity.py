@@ -27,6 +27,7 @@ MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_
 SEQUENCE_AUX = ("--moe.load_balance", "sequence_aux_loss")
 AUX_FREE = ("--moe.load_balance", "aux_loss_free", "--moe.bias_update_rate", "0.05")
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+EP2 = ["--parallelism.expert_parallel_degree", "2"]
 # (id, world size, data-parallel degree, options the reference shares, options)
 CASES = [
     ("fsdp2", 2, 2, (), []),
@@ -38,6 +39,15 @@ CASES = [
     ("cp2_aux_free", 2, 1, AUX_FREE, ["--parallelism.context_parallel_degree", "2"]),
     ("pp2_1f1b_sequence_aux_ac_full", 2, 1, (*SEQUENCE_AUX, "--training.local_batch_size", "4"),
      [*PP2, "--activation_checkpoint.mode", "full"]),
+    # Expert parallel: the experts split over EP ranks, their rows moved by all-to-all.
+    ("ep2", 2, 2, (), [*EP2]),
+    ("ep4_aux_free", 4, 4, AUX_FREE, ["--parallelism.expert_parallel_degree", "4"]),
+    ("fsdp4_ep2_ac_full", 4, 4, (), [*EP2, "--activation_checkpoint.mode", "full"]),
+    ("hsdp2x2_ep2", 4, 4, SEQUENCE_AUX, [*EP2, "--parallelism.data_parallel_replicate_degree", "2"]),
+    ("ep2_compile_ac_op", 2, 2, SEQUENCE_AUX, [*EP2, "--compile.enable", "true",
+                                              "--activation_checkpoint.mode", "selective"]),
+    ("cp2_ep2_aux_free", 2, 1, AUX_FREE, [*EP2, "--parallelism.context_parallel_degree", "2"]),
+    ("pp2_ep2_sequence_aux", 4, 2, (*SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2, *EP2]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

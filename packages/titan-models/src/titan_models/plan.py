@@ -36,6 +36,11 @@ class ModelPlan:
     positions of the tokens it is given) supports context parallelism. Empty for Hyena, whose long
     convolutions would need every earlier rank's inputs."""
 
+    expert_fqns: list[str] = field(default_factory=list)
+    """FQN patterns ("*" matches one name) of the routed-experts modules: parameters stacked per expert on
+    dim 0, forward(rows, offsets) with rows sorted by expert and offsets[e] the end of expert e's rows, one
+    output row per input row. Expert parallelism splits them over ranks by expert and moves their rows."""
+
     head_fqn: str | None = None
     """The output projection to the vocabulary (e.g. "output"): a Linear-like module (`weight` [vocab, dim],
     optional `bias`) whose output is the logits the loss reads. Declared, a parallelizer may compute it

@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titan_models.moe.grouped_mm import grouped_mm
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """The experts this rank computes. Under expert parallelism the weights are DTensors holding this rank's
+    experts, and the rows arrive for those experts only; otherwise (FSDP gathers plain tensors) the weight."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 class GroupedExperts(nn.Module):
@@ -25,9 +32,9 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """x [rows, dim] sorted by expert; offsets [num_experts] int32 end of each expert's rows."""
-        # Under FSDP / TP the weights are DTensors only outside forward; here they are local tensors.
-        hidden = F.silu(grouped_mm(x, self.w1, offsets)) * grouped_mm(x, self.w3, offsets)
-        return grouped_mm(hidden, self.w2, offsets)
+        w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
+        hidden = F.silu(grouped_mm(x, w1, offsets)) * grouped_mm(x, w3, offsets)
+        return grouped_mm(hidden, w2, offsets)
 
     def init_weights(self, init, init_std: float) -> None:
         init.trunc_normal_(self.w1, std=0.02)

@@ -12,6 +12,7 @@ def qwen3_plan(args: Llama3Args) -> ModelPlan:
     plan = llama3_plan(args)
     if args.moe is not None:
         plan.tp_plan = _no_tp_for_experts
+        plan.expert_fqns = ["layers.*.feed_forward.experts"]  # sparse layers only: dense ones have none
     return plan
 
 

@@ -33,6 +33,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 import titan_parallel.cp.ring_attention  # noqa: F401  registers torch.ops.titan.ring_attention
@@ -56,7 +57,18 @@ SAC_SAVE_OPS = {
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     # Context parallel's ring attention: recomputing it would repeat its ring communication too.
     torch.ops.titan.ring_attention.default,
+    # Expert parallel's token dispatch and combine: the same.
+    torch.ops._c10d_functional.all_to_all_single.default,
 }
+
+
+# Per-op SAC matches each op of the recompute with the same op of the forward by its count, so both passes
+# must run the same ops. An FSDP unit inside a checkpointed block (expert parallelism's experts) gathers its
+# parameters in the forward and the recompute in different ways, each marked with profiler ranges; the
+# ranges compute nothing, so SAC runs them as they come instead of counting them (its ignored ops).
+torch_checkpoint.SAC_IGNORED_OPS.update(
+    {torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction}
+)
 
 
 def compiled_block_ac_refusal(compiled: bool, dtensor_params: bool) -> str | None:

@@ -27,24 +27,39 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     reshard_after_forward: str = "default",
     pp_enabled: bool = False,
+    experts: list[nn.Module] = (),
+    expert_mesh: DeviceMesh | None = None,
+    expert_divide_factor: int | None = None,
 ) -> nn.Module:
     """Shard each block, then the root (what is left: embeddings, final norm, output), over `mesh`.
 
     A 1-D mesh is FSDP; a 2-D mesh ("dp_replicate", "dp_shard_cp") is HSDP: sharded within a group,
     replicated across groups. Gradients are reduced in `reduce_dtype` and averaged over the mesh.
+
+    `experts`: expert-parallel modules (apply_ep), each its own unit over `expert_mesh` (the data ranks
+    that hold the same experts), inside its block. Their gradients already sum the rows of the whole
+    expert-parallel group, so they are divided by `expert_divide_factor` (every data rank: what the dense
+    gradients are averaged over) rather than by the expert mesh's size.
     """
     reshard = _reshard_after_forward(reshard_after_forward, pp_enabled)
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for i, fqn in enumerate(block_fqns):
         # The last block's parameters are needed again right at the start of backward.
         block_reshard = reshard and i < len(block_fqns) - 1
-        fully_shard(model.get_submodule(fqn), mesh=mesh, mp_policy=mp_policy, reshard_after_forward=block_reshard)
+        block = model.get_submodule(fqn)
+        inside = {id(m) for m in block.modules()}
+        for module in (e for e in experts if id(e) in inside):
+            fully_shard(module, mesh=expert_mesh, mp_policy=mp_policy, reshard_after_forward=block_reshard)
+            module.set_gradient_divide_factor(float(expert_divide_factor))
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=block_reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     if _is_gloo(mesh):
         # gloo has no PREMUL_SUM/AVG (what FSDP uses to average): reduce with SUM and divide instead,
-        # so the gradients equal those on NCCL.
+        # so the gradients equal those on NCCL. Not for experts FSDP shards over one rank: with no
+        # reduce-scatter FSDP divides by the custom factor in its copy and, forced to sum, once more.
+        alone = {id(e) for e in experts if expert_mesh.size(expert_mesh.ndim - 1) == 1}
         for module in model.modules():
-            if isinstance(module, FSDPModule):
+            if isinstance(module, FSDPModule) and id(module) not in alone:
                 module.set_force_sum_reduction_for_comms(True)
     return model
 

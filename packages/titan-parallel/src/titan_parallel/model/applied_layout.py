@@ -8,7 +8,8 @@ user can see at startup what each rank holds.
 Per part: the blocks it holds (pipeline stages) and, per block, the activation-checkpoint wrapper kind
 ("full" or "op"), whether it is compiled and whether it is an FSDP2 unit; for the whole part, whether it is
 an FSDP2 root or DDP-replicated (FSDP2 units come with their mixed-precision dtypes and reshard policy);
-the modules doing ring attention; the classes of the linear layers (e.g. Float8Linear after a float8
+the modules doing ring attention; the routed-experts modules split by expert parallelism (group size and
+experts per rank); the classes of the linear layers (e.g. Float8Linear after a float8
 conversion); the tensor-parallel style of each module TP hooked (e.g. Float8ColwiseParallel); and per
 parameter, the mesh dimensions and placements it is stored with (FSDP, SimpleFSDP, TP).
 """
@@ -61,6 +62,7 @@ def _describe_part(part: nn.Module, block_fqns: list[str], stage_index: int | No
         "ring_attention": [clean_fqn(n) for n, m in part.named_modules() if isinstance(m, RingAttention)],
         "linear_classes": dict(Counter(type(m).__name__ for m in part.modules() if _is_linear(m))),
         "tp_styles": {clean_fqn(n): style for n, m in part.named_modules() if (style := _tp_style(m)) is not None},
+        "expert_parallel": {clean_fqn(n): _expert_parallel(m) for n, m in part.named_modules() if _routed(m)},
         "params": {clean_fqn(name): _placement(param) for name, param in part.named_parameters()},
     }
 
@@ -106,6 +108,17 @@ def _tp_style(module: nn.Module) -> str | None:
             if name in ("_prepare_input_fn", "_prepare_output_fn") and owner:
                 return owner
     return None
+
+
+def _routed(module: nn.Module) -> bool:
+    return getattr(module, "_titan_expert_parallel", None) is not None
+
+
+def _expert_parallel(module: nn.Module) -> dict:
+    """An expert-parallel module's group size and how many experts this rank computes (apply_ep)."""
+    ep = module._titan_expert_parallel.size()
+    experts = next(module.parameters()).shape[0]  # the global shape: parameters are DTensors
+    return {"ep": ep, "experts": experts, "local_experts": experts // ep}
 
 
 def _is_linear(module: nn.Module) -> bool:

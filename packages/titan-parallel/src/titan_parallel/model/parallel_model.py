@@ -11,7 +11,7 @@ talks to, so the loop never branches on a parallelism:
     validation = model.mean_loss(model.forward_loss(inputs, labels))               # forward only, no_grad
 
 `plan` is the model's plan as data (titan_models.ModelPlan or anything with its fields: block_fqns,
-input_fqns, output_fqns, tp_plan(loss_parallel=), attention_fqns); the model implements
+input_fqns, output_fqns, tp_plan(loss_parallel=), attention_fqns, expert_fqns); the model implements
 `init_weights(buffer_device=, seed=)` and, for context parallelism, `set_positions(positions)`.
 """
 
@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from titan_parallel.ac.ac_budget import auto_ac_choice
 from titan_parallel.ac.activation_checkpoint import apply_ac, apply_ac_policies
 from titan_parallel.cp.context_parallel import apply_cp, load_balanced_positions, shard_sequence
+from titan_parallel.ep.expert_parallel import apply_ep
 from titan_parallel.fsdp.data_parallel import apply_ddp, apply_fsdp
 from titan_parallel.fsdp.simple_fsdp import apply_simple_fsdp
 from titan_parallel.fsdp.simple_fsdp_overlap import enable_overlap
@@ -83,7 +84,7 @@ def build_parallel_model(
     token_kwargs: TokenKwargs | None = None,
 ) -> "ParallelModel":
     """Build the model on the meta device and parallelize it in the fixed order: conversion (float8) ->
-    pipeline split -> per stage TP -> CP -> AC -> compile -> data parallel -> materialize + seeded init.
+    pipeline split -> per stage TP -> CP -> EP -> AC -> compile -> data parallel -> materialize + seeded init.
     Every weight is drawn from (seed, its name), so every layout starts from the same model."""
     converter = converter or NoConversion()
     dims = layout.dims
@@ -110,15 +111,17 @@ def build_parallel_model(
             apply_cp(
                 part, dims.submesh("cp"), plan.attention_fqns, variant=cp.variant, implementation=cp.implementation
             )
+        experts = apply_ep(part, dims.submesh("ep"), plan.expert_fqns) if dims.ep > 1 else []
         if ac_policies is not None:
             apply_ac_policies(part, plan.block_fqns, ac_policies)
         elif ac.mode != "none":
             apply_ac(part, plan.block_fqns, ac.mode, ac.selective_option)  # every Nth counts all blocks
         if layout.compile_backend is not None:
-            # Titan's async TP layers run eagerly between a block's graphs: the block compiles in pieces.
-            fullgraph = layout.async_tensor_parallel != "titan"
+            # Titan's async TP layers and the experts' token dispatch run eagerly between a block's graphs: the
+            # block compiles in pieces.
+            fullgraph = layout.async_tensor_parallel != "titan" and not experts
             apply_compile(part, blocks, backend=layout.compile_backend, fullgraph=fullgraph)
-        _apply_data_parallel(part, blocks, layout)
+        _apply_data_parallel(part, blocks, layout, experts)
         _materialize(part, device, seed, positions)
         return part
 
@@ -137,12 +140,16 @@ def build_parallel_model(
     )  # fmt: skip
 
 
-def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout) -> None:
+def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout, experts: list[str]) -> None:
     dims, kind = layout.dims, layout.data_parallel
+    if experts and kind is not DataParallel.FSDP2:
+        raise ValueError(f"expert parallelism shards the experts with FSDP2; data parallel is {kind.value}")
     if kind is DataParallel.FSDP2:
+        expert_mesh = dims.expert_fsdp_mesh() if experts else None
         apply_fsdp(
             part, blocks, dims.fsdp_mesh(), param_dtype=layout.param_dtype, reduce_dtype=layout.reduce_dtype,
             reshard_after_forward=layout.reshard_after_forward, pp_enabled=layout.pipeline is not None,
+            experts=experts, expert_mesh=expert_mesh, expert_divide_factor=dims.degree("dp_cp"),
         )  # fmt: skip
     elif kind is DataParallel.DDP:
         apply_ddp(part, dims.submesh("dp_replicate"), compiled=layout.compile_backend is not None)

@@ -52,6 +52,7 @@ PARALLEL_OPTION_KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "tp": "parallelism.tensor_parallel_degree",
     "pp": "parallelism.pipeline_parallel_degree",
+    "ep": "parallelism.expert_parallel_degree",
 }
 
 
@@ -75,9 +76,11 @@ def tokens_per_step(config: JobConfig, layout: Layout) -> int:
 def _resolve(config: JobConfig, world_size: int) -> Layout:
     p, t = config.parallelism, config.training
     spec = get_model_spec(config.model.name)
-    plan = spec.plan(spec.args_for(config.model.flavor))
+    args = spec.args_for(config.model.flavor)
+    plan = spec.plan(args)
     # First what the config must satisfy on any number of processes.
     _check_model_fit(config, plan)
+    _check_expert_parallel(config, plan, args)
     _check_simple_fsdp(config)
     ac = _ac(config)
     _check_compiled_block_ac(config, ac)
@@ -181,6 +184,30 @@ def _check_model_fit(config: JobConfig, plan) -> None:
         check_tp_degree(tp, plan.tp_divisible, sizes_of=f"model.flavor={model.flavor!r}")
 
 
+def _check_expert_parallel(config: JobConfig, plan, args) -> None:
+    ep, p = config.parallelism.expert_parallel_degree, config.parallelism
+    if ep == 1:
+        return
+    model = config.model
+    if not plan.expert_fqns:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree={ep}: model.name={model.name!r} flavor {model.flavor!r} has no "
+            "routed experts to split; use 1"
+        )
+    experts = args.moe.num_experts
+    if ep < 1 or experts % ep:
+        fits = [d for d in range(2, experts + 1) if experts % d == 0]
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree={ep} does not divide the {experts} experts of model.flavor="
+            f"{model.flavor!r}; use one of {fits}"
+        )
+    if p.fsdp_implementation == "simple_fsdp":
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree={ep} shards the experts with FSDP2; use "
+            "parallelism.fsdp_implementation='fsdp2'"
+        )
+
+
 def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
     p = config.parallelism
     degrees = dict(
@@ -191,7 +218,7 @@ def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
         pp=p.pipeline_parallel_degree,
     )
     try:
-        return ParallelDims(**degrees, world_size=world_size)
+        return ParallelDims(**degrees, world_size=world_size, ep=p.expert_parallel_degree)
     except ValueError as e:
         others = degrees["dp_replicate"] * degrees["cp"] * degrees["tp"] * degrees["pp"]
         if degrees["dp_shard"] == -1:

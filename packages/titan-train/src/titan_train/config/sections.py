@@ -181,6 +181,12 @@ class Parallelism:
     context_parallel_implementation: Literal["titan", "torch"] = "titan"
     """"titan": Titan's ring attention (CPU and CUDA); "torch": torch's experimental context_parallel
     (CUDA only)."""
+    expert_parallel_degree: int = 1
+    """Ranks the routed experts of a mixture of experts are split over (each holds num_experts / this many;
+    their tokens move there and back by all-to-all). Taken from the data-parallel x context-parallel ranks,
+    context ranks first: it divides data_parallel_shard_degree x context_parallel_degree and is a multiple of
+    context_parallel_degree. The experts are FSDP-sharded over the data ranks left. Needs FSDP2 and
+    tensor_parallel_degree = 1."""
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after forward and gather them again in backward ("default": yes, except the
     root module, and except with pipeline parallelism; with simple_fsdp "default" is "always")."""

@@ -17,7 +17,9 @@ Titan's own logic):
   a pipeline stage without FSDP).
 
 The torch internals these bridges rely on (private APIs, patched methods) are all in torch_internals.py, each
-with the behaviour it relies on and a test; the one patch here is of Titan's own ParallelDims.build_mesh.
+with the behaviour it relies on and a test; the patches here are of Titan's own ParallelDims.build_mesh and,
+for expert parallelism, of the host read of the routed counts (fake counts hold no data): the dry run
+assumes balanced routing, every expert the same share of every rank's tokens.
 """
 
 import contextlib
@@ -27,6 +29,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
+from titan_parallel.ep import token_dispatch
 from titan_parallel.mesh.parallel_dims import ParallelDims
 from titan_train.simulate.torch_internals import (
     SCALAR_READS,
@@ -93,6 +96,7 @@ def fake_rank(
     try:
         with (
             mock.patch.object(ParallelDims, "build_mesh", _build_mesh_with_real_tensors(ParallelDims.build_mesh)),
+            mock.patch.object(token_dispatch, "split_sizes", token_dispatch.balanced_split_sizes),
             pipeline_meta_exchange(hidden_states) if pipeline_hidden else contextlib.nullcontext(),
             swap_tensors_dropping_weak_caches(),
             fake_mode,

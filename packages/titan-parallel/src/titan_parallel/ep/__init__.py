@@ -1,0 +1,1 @@
+"""Expert parallelism: routed experts split over ranks, their rows moved by all-to-all."""

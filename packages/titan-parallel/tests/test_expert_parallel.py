@@ -1,0 +1,60 @@
+"""Expert parallelism: the token dispatch and apply_ep on 2 and 4 gloo ranks (ep_script.py, one launch each),
+the expert-parallel mesh and its checks in one process."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiprocess.py beside the tests (importlib mode)
+
+from multiprocess import launch  # noqa: E402
+
+from titan_parallel import ParallelDims
+from titan_parallel.ep.token_dispatch import balanced_split_sizes, expert_major_order
+
+SCRIPT = Path(__file__).with_name("ep_script.py")
+CASES = ["dispatch_random", "dispatch_silent", "dispatch_one_expert", "apply_ep"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_dispatch_and_apply_ep_equal_the_unsharded_experts(world):
+    output = launch(SCRIPT, world)
+    missing = [f"rank {r} {name}" for name in CASES for r in range(world)]
+    missing = [line for line in missing if f"{line} ok" not in output]
+    assert not missing, f"not ok: {missing}\n{output[-6000:]}"
+
+
+def test_rows_arrive_source_major_and_leave_expert_major():
+    # From rank 0: 1 row for local expert 0, 2 for expert 1; from rank 1: 3 for expert 0, none for expert 1.
+    received = [[1, 2], [3, 0]]
+    # Source-major rows: [r0e0, r0e1, r0e1, r1e0, r1e0, r1e0] -> expert 0 (ranks 0, 1) then expert 1.
+    assert expert_major_order(received).tolist() == [0, 3, 4, 5, 1, 2]
+    assert expert_major_order([[0, 0], [0, 0]]).tolist() == []
+
+
+def test_a_dry_run_routes_every_rank_evenly():
+    sent, received = balanced_split_sizes(torch.empty(10, 4), torch.zeros(4), torch.zeros(2, 2))
+    assert sent == [6, 4] and received == [[3, 3], [3, 3]]
+
+
+def test_expert_parallel_ranks_come_from_data_and_context_ranks():
+    dims = ParallelDims(dp_replicate=1, dp_shard=4, cp=2, tp=1, pp=1, world_size=8, ep=4)
+    assert (dims.edp_shard, dims.dp_shard_in_ep, dims.degree("ep"), dims.dp) == (2, 2, 4, 4)
+    assert dims.degree("dp_shard_cp") == 8 and dims.degree("dp_shard") == 4
+    assert "experts: ep 4 x fsdp 2" in dims.describe()
+
+
+@pytest.mark.parametrize(
+    "degrees, message",
+    [
+        (dict(dp_shard=4, cp=1, tp=1, ep=3), r"ep=3 must divide dp_shard=4 x cp=1 = 4 .* valid here: \[2, 4\]"),
+        (dict(dp_shard=1, cp=4, tp=1, ep=2), r"ep=2 .* be a multiple of cp=4"),
+        (dict(dp_shard=2, cp=1, tp=2, ep=2), r"ep=2 with tp=2 is not supported yet"),
+    ],
+)
+def test_impossible_expert_parallel_degrees_are_refused(degrees, message):
+    world = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+    with pytest.raises(ValueError, match=message):
+        ParallelDims(dp_replicate=1, pp=1, world_size=world, **degrees)
