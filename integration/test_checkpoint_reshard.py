@@ -87,3 +87,33 @@ def test_checkpoint_loads_on_another_layout(request, source, nproc, layout, tmp_
         torch.testing.assert_close(loaded["model"][name], tensor, rtol=0, atol=0, msg=name)
     for name, tensor in saved["optimizer"].items():
         torch.testing.assert_close(loaded["optimizer"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+MOE = ["--model.name", "qwen3_moe"]  # tiny: 8 experts in 3 sparse layers
+EP2 = ["--parallelism.expert_parallel_degree", "2"]
+
+
+@pytest.fixture(scope="module")
+def moe_ep2_checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("reshard_ep") / "run", [*MOE, *EP2])
+
+
+@pytest.mark.parametrize(
+    "nproc, layout",
+    [(4, ["--parallelism.expert_parallel_degree", "4"]), (2, []), (None, [])],
+    ids=["ep4", "fsdp2_no_ep", "one_process"],
+)
+def test_an_expert_parallel_checkpoint_loads_on_another_expert_layout(moe_ep2_checkpoint, nproc, layout, tmp_path):
+    """Experts split over 2 ranks by expert load on 4, on none (FSDP only) and on one process."""
+    out = tmp_path / "loaded.pt"
+    args = [str(out), *TINY, *MOE, *layout, "--job.dump_folder", str(moe_ep2_checkpoint)]
+    proc = run_script("state_dump.py", args, nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved, loaded = torch.load(moe_ep2_checkpoint / "saved.pt"), torch.load(out)
+    assert loaded["step"] == saved["step"] == 3
+    assert any(".experts.w1" in name for name in saved["model"])
+    assert loaded["model"].keys() == saved["model"].keys()
+    for name, tensor in saved["model"].items():
+        torch.testing.assert_close(loaded["model"][name], tensor, rtol=0, atol=0, msg=name)
+    for name, tensor in saved["optimizer"].items():
+        torch.testing.assert_close(loaded["optimizer"][name], tensor, rtol=0, atol=0, msg=name)

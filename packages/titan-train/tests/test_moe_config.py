@@ -47,3 +47,37 @@ def test_pipeline_with_a_sequence_loss_is_accepted():
 def test_the_cli_refuses_before_any_work(capsys):
     assert main(["--moe.load_balance", "none", "--training.steps", "1"]) == 2
     assert "has no mixture-of-experts layers" in capsys.readouterr().err
+
+
+MOE = ["--model.name", "qwen3_moe", "--model.flavor", "tiny"]  # 8 experts
+
+
+@pytest.mark.parametrize(
+    "argv, world, message",
+    [
+        (["--parallelism.expert_parallel_degree", "2"], 2,
+         "parallelism.expert_parallel_degree=2: model.name='llama3' flavor 'debug' has no routed experts to split"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "3"], 3,
+         "parallelism.expert_parallel_degree=3 does not divide the 8 experts of model.flavor='tiny'; use one of [2, 4, 8]"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "4"], 2,
+         "parallelism.expert_parallel_degree=4 must divide parallelism.data_parallel_shard_degree=2 x "
+         "parallelism.context_parallel_degree=1 = 2"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.context_parallel_degree", "4"], 4,
+         "a multiple of parallelism.context_parallel_degree=4"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.fsdp_implementation", "simple_fsdp"], 2,
+         "use parallelism.fsdp_implementation='fsdp2'"),
+    ],
+)  # fmt: skip
+def test_impossible_expert_parallel_layouts_are_refused_naming_the_keys(argv, world, message):
+    from titan_train.config.parallel_layout import resolve_layout
+
+    with pytest.raises(ConfigError) as error:
+        resolve_layout(load_config(parse_argv(argv)), world)
+    assert message in str(error.value)
+
+
+def test_expert_parallel_layout_takes_its_ranks_from_the_data_ranks():
+    from titan_train.config.parallel_layout import resolve_layout
+
+    layout = resolve_layout(load_config(parse_argv([*MOE, "--parallelism.expert_parallel_degree", "2"])), 4)
+    assert (layout.dims.ep, layout.dims.edp_shard, layout.dims.dp) == (2, 2, 4)

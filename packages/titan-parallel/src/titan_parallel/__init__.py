@@ -63,7 +63,7 @@ from titan_parallel.tp.async_tp_ops import all_gather_matmul, matmul_reduce_scat
 from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.17.1"
+__version__ = "0.18.0"
 
 __all__ = [
     "ACGranularity",

@@ -76,9 +76,7 @@ class ParallelDims:
                 f"context ranks, context ranks first); valid here: {fits or 'none (raise dp_shard)'}"
             )
         if self.tp > 1:
-            raise ValueError(
-                f"{named('ep')}={ep} with {named('tp')}={self.tp} is not supported yet; use one of them"
-            )
+            raise ValueError(f"{named('ep')}={ep} with {named('tp')}={self.tp} is not supported yet; use one of them")
 
     @property
     def edp_shard(self) -> int:
