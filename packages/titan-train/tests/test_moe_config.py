@@ -58,7 +58,8 @@ MOE = ["--model.name", "qwen3_moe", "--model.flavor", "tiny"]  # 8 experts
         (["--parallelism.expert_parallel_degree", "2"], 2,
          "parallelism.expert_parallel_degree=2: model.name='llama3' flavor 'debug' has no routed experts to split"),
         ([*MOE, "--parallelism.expert_parallel_degree", "3"], 3,
-         "parallelism.expert_parallel_degree=3 does not divide the 8 experts of model.flavor='tiny'; use one of [2, 4, 8]"),
+         "parallelism.expert_parallel_degree=3 does not divide the 8 experts of model.flavor='tiny'; "
+         "use one of [2, 4, 8]"),
         ([*MOE, "--parallelism.expert_parallel_degree", "4"], 2,
          "parallelism.expert_parallel_degree=4 must divide parallelism.data_parallel_shard_degree=2 x "
          "parallelism.context_parallel_degree=1 = 2"),
