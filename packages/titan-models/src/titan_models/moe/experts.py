@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from titan_models.moe.grouped_mm import grouped_mm
 
@@ -13,6 +12,9 @@ from titan_models.moe.grouped_mm import grouped_mm
 def _local(weight: torch.Tensor) -> torch.Tensor:
     """The experts this rank computes. Under expert parallelism the weights are DTensors holding this rank's
     experts, and the rows arrive for those experts only; otherwise (FSDP gathers plain tensors) the weight."""
+    # Imported here: model code stays importable and usable without torch.distributed.
+    from torch.distributed.tensor import DTensor
+
     return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
