@@ -140,7 +140,7 @@ def build_parallel_model(
     )  # fmt: skip
 
 
-def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout, experts: list[str]) -> None:
+def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout, experts: list[nn.Module]) -> None:
     dims, kind = layout.dims, layout.data_parallel
     if experts and kind is not DataParallel.FSDP2:
         raise ValueError(f"expert parallelism shards the experts with FSDP2; data parallel is {kind.value}")

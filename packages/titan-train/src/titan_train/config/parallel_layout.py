@@ -218,7 +218,7 @@ def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
         pp=p.pipeline_parallel_degree,
     )
     try:
-        return ParallelDims(**degrees, world_size=world_size, ep=p.expert_parallel_degree)
+        dims = ParallelDims(**degrees, world_size=world_size)
     except ValueError as e:
         others = degrees["dp_replicate"] * degrees["cp"] * degrees["tp"] * degrees["pp"]
         if degrees["dp_shard"] == -1:
@@ -230,6 +230,12 @@ def _parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
                 f"{others * degrees['dp_shard']} processes"
             )
         raise ConfigError(f"{e}; {fix}") from None
+    if p.expert_parallel_degree == 1:
+        return dims
+    try:  # apart: the fixes above are about the world size, an expert-parallel degree names its own
+        return ParallelDims(**degrees, world_size=world_size, ep=p.expert_parallel_degree)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _data_parallel(config: JobConfig, dims: ParallelDims) -> DataParallel:
