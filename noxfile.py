@@ -77,7 +77,8 @@ def integration(session: nox.Session) -> None:
     """The trainer launched as users launch it (torchrun, CPU/gloo); transformers checks the HF export."""
     _install(session, *PACKAGES)
     session.install("-c", CONSTRAINTS, "transformers")
-    _pytest(session, str(ROOT / "integration"), "-m", "not slow and not gpu")
+    # The slowest cases in every log: what to look at when the suite's time has to come down.
+    _pytest(session, str(ROOT / "integration"), "-m", "not slow and not gpu", "--durations=25")
 
 
 @nox.session
