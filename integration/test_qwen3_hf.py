@@ -124,9 +124,20 @@ def test_training_starts_from_the_folders_weights_and_exports_what_transformers_
     """3 steps on FSDP 2 from the folder: the first loss is transformers' loss of that batch (the language-model
     loss: the auxiliary loss is reported apart); the export at the end loads in transformers with the trained
     model's logits."""
+    train_and_export(*hf_folder, tmp_path, [])
+
+
+def test_an_expert_parallel_run_exports_what_transformers_loads(hf_folder, tmp_path):
+    """The same on EP 2: the experts trained split over two ranks export whole."""
     case, folder = hf_folder
+    if case != "qwen3_moe":
+        pytest.skip("one sparse case is enough: the export path is the same")
+    train_and_export(case, folder, tmp_path, ["--parallelism.expert_parallel_degree", "2"])
+
+
+def train_and_export(case, folder, tmp_path, layout: list[str]) -> None:
     dump = tmp_path / "run"
-    options = [*trainer_options(case, folder, dump, 3), "--checkpoint.enable", "true",
+    options = [*trainer_options(case, folder, dump, 3), *layout, "--checkpoint.enable", "true",
                "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
            *options]  # fmt: skip
