@@ -35,7 +35,7 @@ def layer_worker(steps: int) -> None:
 
     from titan_models import get_model_spec
     from titan_models.moe import MoE
-    from titan_parallel.ep import token_dispatch
+    from titan_parallel.ep import expert_parallel
     from titan_parallel.ep.expert_parallel import apply_ep
 
     dist.init_process_group("gloo")
@@ -64,10 +64,8 @@ def layer_worker(steps: int) -> None:
 
         return wrapper
 
-    token_dispatch_dispatch, token_dispatch_combine = token_dispatch.dispatch, token_dispatch.combine
-    import titan_parallel.ep.expert_parallel as expert_parallel
-
-    expert_parallel.dispatch, expert_parallel.combine = timed(token_dispatch_dispatch), timed(token_dispatch_combine)
+    # The hooks look these up in expert_parallel's namespace at each call: timed there, the layer runs as it is.
+    expert_parallel.dispatch, expert_parallel.combine = timed(expert_parallel.dispatch), timed(expert_parallel.combine)
 
     def step(layer):
         out, _ = layer(x)
