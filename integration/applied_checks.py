@@ -82,6 +82,8 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
 
     ep = int(o.get("parallelism.expert_parallel_degree", 1))
     _assert_expert_parallel(part, ep, where)
+    if tp > 1:
+        _assert_moe_tensor_parallel(part, where)
     data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp"}
     for name, p in part["params"].items():
         sharded_on = dict(zip(p["mesh"], p["placements"], strict=True))
@@ -112,6 +114,20 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
 
 SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe tiny: layer 0 dense
 EXPERTS = 8
+
+
+def _assert_moe_tensor_parallel(part: dict, where: str) -> None:
+    """Every sparse layer tensor-parallel as a whole: experts split on their hidden units, the router replicated."""
+    for fqn in SPARSE_LAYERS:
+        if f"{fqn}.feed_forward.experts.w1" not in part["params"]:
+            continue  # a dense model, or a stage without this layer
+        style = part["tp_styles"].get(f"{fqn}.feed_forward")
+        assert style == "MoETensorParallel", f"{where} {fqn}.feed_forward: tp style {style}"
+        for name, want in (("experts.w1", "S(2)"), ("experts.w3", "S(2)"), ("experts.w2", "S(1)"),
+                           ("router.gate.weight", "R")):  # fmt: skip
+            p = part["params"][f"{fqn}.feed_forward.{name}"]
+            placement = dict(zip(p["mesh"], p["placements"], strict=True)).get("tp")
+            assert placement == want, f"{where} {fqn}.feed_forward.{name}: tp placement {p}"
 
 
 def _assert_expert_parallel(part: dict, ep: int, where: str) -> None:

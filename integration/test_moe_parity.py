@@ -28,6 +28,7 @@ SEQUENCE_AUX = ("--moe.load_balance", "sequence_aux_loss")
 AUX_FREE = ("--moe.load_balance", "aux_loss_free", "--moe.bias_update_rate", "0.05")
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 EP2 = ["--parallelism.expert_parallel_degree", "2"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 # (id, world size, data-parallel degree, options the reference shares, options)
 CASES = [
     ("fsdp2", 2, 2, (), []),
@@ -48,6 +49,12 @@ CASES = [
                                               "--activation_checkpoint.mode", "selective"]),
     ("cp2_ep2_aux_free", 2, 1, AUX_FREE, [*EP2, "--parallelism.context_parallel_degree", "2"]),
     ("pp2_ep2_sequence_aux", 4, 2, (*SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2, *EP2]),
+    # Tensor parallel: every expert on each rank's slice of the hidden units, the router replicated.
+    ("tp2", 2, 1, (), [*TP2]),
+    ("fsdp2_tp2_aux_free_ac_op", 4, 2, AUX_FREE, [*TP2, "--activation_checkpoint.mode", "selective"]),
+    ("tp2_compile_sequence_aux", 2, 1, SEQUENCE_AUX, [*TP2, "--compile.enable", "true"]),
+    ("simple_fsdp2_tp2", 4, 2, (), [*TP2, "--parallelism.fsdp_implementation", "simple_fsdp"]),
+    ("pp2_tp2_sequence_aux", 4, 1, (*SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2, *TP2]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

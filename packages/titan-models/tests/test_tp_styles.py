@@ -1,6 +1,6 @@
 import pytest
 
-from titan_models.tp_styles import ChannelShard
+from titan_models.tp_styles import ChannelShard, ExpertsHiddenShard
 
 
 def test_channel_shard_is_plain_data_titan_parallel_recognizes():
@@ -13,3 +13,7 @@ def test_channel_shard_is_plain_data_titan_parallel_recognizes():
 def test_channel_shard_refuses_a_lone_name():
     with pytest.raises(TypeError, match=r"ChannelShard\(sharded='weight'\) needs a tuple of names"):
         ChannelShard("weight")
+
+
+def test_experts_hidden_shard_is_plain_data_titan_parallel_recognizes():
+    assert ExpertsHiddenShard().parallel_style == "experts_hidden_shard"  # what titan_parallel.apply_tp matches on

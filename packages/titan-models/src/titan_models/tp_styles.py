@@ -25,3 +25,15 @@ class ChannelShard:
         if isinstance(self.sharded, str) or not all(isinstance(name, str) for name in self.sharded):
             raise TypeError(f"ChannelShard(sharded={self.sharded!r}) needs a tuple of names, e.g. ('weight', 'bias')")
         object.__setattr__(self, "sharded", tuple(self.sharded))
+
+
+@dataclass(frozen=True)
+class ExpertsHiddenShard:
+    """For a mixture-of-experts layer (titan_models.moe.MoE: `router.gate.weight`, and `experts.w1` / `w3`
+    [experts, dim, hidden], `w2` [experts, hidden, dim]) between sequence-parallel activations: every rank
+    routes the whole sequence with the replicated router and computes every expert on its slice of the
+    hidden units (w1 / w3 sharded on dim 2, w2 on dim 1), so the layer's output is a partial sum that is
+    reduce-scattered back over the sequence, as a row-wise projection's is. The layer reads plain local
+    tensors (`local_tensor`). titan-parallel applies it as MoETensorParallel."""
+
+    parallel_style: ClassVar[str] = "experts_hidden_shard"

@@ -9,7 +9,8 @@
   them once, as data, with `option_names({"tp": "parallelism.tensor_parallel_degree", ...})`.
 - `ParallelDims`: the degrees (dp_replicate x dp_shard x cp x tp x pp = world size) and the named mesh.
 - The parallelisms, one file each, usable alone: `apply_tp` (+ `check_tp_degree`, `loss_context`; plan values
-  are ParallelStyles or styles declared as data: `parallel_style='channel_shard'` -> `ChannelParallel`),
+  are ParallelStyles or styles declared as data: `parallel_style='channel_shard'` -> `ChannelParallel`,
+  `parallel_style='experts_hidden_shard'` -> `MoETensorParallel`),
   `apply_cp` (+ `shard_sequence` / `unshard_sequence` / `load_balanced_positions`, `ring_attention`),
   `apply_ac`, `apply_compile`, `apply_fsdp` / `apply_ddp`, `apply_simple_fsdp` (`SIMPLE_FSDP_MODES`,
   `sharded_params`, `enable_overlap` with `OVERLAP_MODES`), `clip_grad_norm_`.
@@ -61,9 +62,10 @@ from titan_parallel.tp.async_tensor_parallel import (
 )
 from titan_parallel.tp.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
 from titan_parallel.tp.channel_parallel import ChannelParallel
+from titan_parallel.tp.moe_parallel import MoETensorParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.18.0"
+__version__ = "0.19.0"
 
 __all__ = [
     "ACGranularity",
@@ -80,6 +82,7 @@ __all__ = [
     "DataParallel",
     "Layout",
     "ModelConverter",
+    "MoETensorParallel",
     "OVERLAP_MODES",
     "ParallelDims",
     "ParallelModel",

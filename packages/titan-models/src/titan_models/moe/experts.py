@@ -7,15 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_models.moe.grouped_mm import grouped_mm
-
-
-def _local(weight: torch.Tensor) -> torch.Tensor:
-    """The experts this rank computes. Under expert parallelism the weights are DTensors holding this rank's
-    experts, and the rows arrive for those experts only; otherwise (FSDP gathers plain tensors) the weight."""
-    # Imported here: model code stays importable and usable without torch.distributed.
-    from torch.distributed.tensor import DTensor
-
-    return weight.to_local() if isinstance(weight, DTensor) else weight
+from titan_models.moe.local_tensor import local_tensor
 
 
 class GroupedExperts(nn.Module):
@@ -34,7 +26,7 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """x [rows, dim] sorted by expert; offsets [num_experts] int32 end of each expert's rows."""
-        w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (local_tensor(w) for w in (self.w1, self.w2, self.w3))
         hidden = F.silu(grouped_mm(x, w1, offsets)) * grouped_mm(x, w3, offsets)
         return grouped_mm(hidden, w2, offsets)
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_models.moe.args import MoEArgs
+from titan_models.moe.local_tensor import local_tensor
 
 
 @dataclass
@@ -66,7 +67,7 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> Routing:
         """x [tokens, dim] -> the routing of each token."""
         moe = self.moe
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = F.linear(x.float(), local_tensor(self.gate.weight).float())
         scores = logits.softmax(dim=-1) if moe.score_func == "softmax" else logits.sigmoid()
         selection = scores + self.expert_bias if moe.load_balance == "aux_loss_free" else scores
         experts = selection.topk(moe.top_k, dim=-1).indices

@@ -5,6 +5,8 @@ writes without importing titan-parallel (titan-models may import torch only), re
 
     an object with parallel_style == "channel_shard" and `sharded` (a tuple of parameter/buffer names)
         -> ChannelParallel(sharded)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard)
+    an object with parallel_style == "experts_hidden_shard"
+        -> MoETensorParallel()        (moe_parallel.py; titan_models.tp_styles.ExpertsHiddenShard)
 """
 
 import contextlib
@@ -17,6 +19,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel, para
 from titan_parallel.options.option_names import named
 from titan_parallel.tp.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
 from titan_parallel.tp.channel_parallel import ChannelParallel
+from titan_parallel.tp.moe_parallel import MoETensorParallel
 
 
 def check_tp_degree(tp: int, divisible: dict[str, int], sizes_of: str | None = None) -> None:
@@ -34,12 +37,13 @@ def check_tp_degree(tp: int, divisible: dict[str, int], sizes_of: str | None = N
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_tp: str | None = None) -> nn.Module:
     """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
 
-    Values are ParallelStyles or declared styles (module docstring). Entries naming a module set to None (a
-    pipeline stage without the embedding or the output) are left out: the whole model's plan serves each
-    stage, without torch warning about every missing module. `async_tp`: None, "titan" (micro-pipelined
-    styles) or "symmetric_memory" (inductor's pass over the plain styles); see async_tensor_parallel.py.
+    Values are ParallelStyles or declared styles (module docstring). Entries naming a module this part lacks or
+    holds as None (a pipeline stage without the embedding, the output or some blocks) are left out: the whole
+    model's plan serves each stage, without torch warning about every missing module. `async_tp`: None,
+    "titan" (micro-pipelined styles) or "symmetric_memory" (inductor's pass over the plain styles); see
+    async_tensor_parallel.py.
     """
-    present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _set_to_none(model, fqn)}
+    present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _absent(model, fqn)}
     if async_tp == "titan":
         present = async_tp_plan(present, model=model)  # model: to log the layers that stay plain
     elif async_tp == "symmetric_memory":
@@ -56,22 +60,23 @@ def _as_parallel_style(fqn: str, entry: object) -> ParallelStyle:
     # A tuple, not any iterable: a lone string would shard one-letter names.
     if getattr(entry, "parallel_style", None) == "channel_shard" and isinstance(getattr(entry, "sharded", None), tuple):
         return ChannelParallel(entry.sharded)
+    if getattr(entry, "parallel_style", None) == "experts_hidden_shard":
+        return MoETensorParallel()
     raise TypeError(
         f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
-        "style; use a ParallelStyle, or an object with parallel_style='channel_shard' and `sharded`, a tuple of "
-        "parameter/buffer names"
+        "style; use a ParallelStyle, an object with parallel_style='channel_shard' and `sharded`, a tuple of "
+        "parameter/buffer names, or one with parallel_style='experts_hidden_shard'"
     )
 
 
-def _set_to_none(model: nn.Module, fqn: str) -> bool:
-    parent, _, name = fqn.rpartition(".")
+def _absent(model: nn.Module, fqn: str) -> bool:
+    """Whether an entry without wildcards names a module `model` does not hold (missing, or set to None)."""
     if "*" in fqn:
         return False
     try:
-        owner = model.get_submodule(parent)
+        return model.get_submodule(fqn) is None
     except AttributeError:
-        return False
-    return name in owner._modules and owner._modules[name] is None
+        return True
 
 
 def loss_context(enabled: bool):

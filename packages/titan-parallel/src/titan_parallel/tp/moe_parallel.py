@@ -1,0 +1,119 @@
+"""MoETensorParallel: tensor parallelism of a mixture-of-experts layer as a whole.
+
+Every rank of the tensor-parallel group gathers the whole sequence (as attention and a dense MLP do), routes
+it with the replicated router, and runs every expert on its slice of the hidden units: w1 / w3
+[experts, dim, hidden] sharded on dim 2, w2 [experts, hidden, dim] on dim 1, so each rank's output is a
+partial sum, reduce-scattered back over the sequence. No tokens move between ranks: unlike expert
+parallelism, the split does not depend on the routing.
+
+The gradients are the subtle part, because the layer's input feeds two paths whose gradients differ in kind:
+- through the experts, each rank's input gradient is a partial sum (its hidden slice's share);
+- through the router, every rank computes the same routing from the same tokens, so its input gradient is
+  already the whole gradient on every rank.
+The input's gradient is taken as a partial sum (reduce-scattered, as after a column-wise projection), so
+the router's input gradient is divided by the group size first: summed over the ranks it counts once.
+And the routing weights multiply partial expert outputs, so their gradient is a partial sum as well; it is
+summed over the group (one [tokens, top_k] all-reduce) before it reaches the scores, where it meets the
+auxiliary losses' gradient, which is whole on every rank. The router's weight then gets the same, whole
+gradient on every rank, as a replicated parameter must.
+
+The module is duck typed (titan_models.moe.MoE): `router(tokens)` returns an object with `weights`
+[tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; no shared experts; `forward` returns
+(output, routing statistics). Its code reads plain local tensors (titan_models' `local_tensor`). A model
+package declares the style as data (`parallel_style == "experts_hidden_shard"`, titan_models.tp_styles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+# Each weight's hidden-unit dim.
+HIDDEN_DIM = {"w1": 2, "w3": 2, "w2": 1}
+
+
+class MoETensorParallel(ParallelStyle):
+    """Tensor parallelism of a whole mixture-of-experts layer between sequence-parallel activations (module
+    docstring): input Shard(1), output this rank's Shard(1) part as a plain tensor."""
+
+    def __repr__(self) -> str:
+        return "MoETensorParallel()"
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_layer(module, device_mesh)
+        experts, router = module.experts, module.router
+        for name, dim in HIDDEN_DIM.items():
+            _distribute(experts, name, device_mesh, Shard(dim))
+        _distribute(router.gate, "weight", device_mesh, Replicate())
+        # As torch's styles do (a closure over the style's _prepare_*_fn), so the applied layout can name it.
+        input_fn = partial(MoETensorParallel._prepare_input_fn, device_mesh)
+        output_fn = partial(MoETensorParallel._prepare_output_fn, device_mesh)
+        module.register_forward_pre_hook(lambda mod, inputs: input_fn(inputs))
+        module.register_forward_hook(lambda mod, inputs, outputs: output_fn(outputs))
+        scale = 1 / device_mesh.size()
+        router.register_forward_pre_hook(lambda mod, inputs: (_ScaleGrad.apply(inputs[0], scale), *inputs[1:]))
+        router.register_forward_hook(lambda mod, inputs, routing: _sum_weight_grads(routing, device_mesh))
+        return module
+
+    @staticmethod
+    def _prepare_input_fn(mesh: DeviceMesh, inputs: tuple) -> tuple:
+        """The whole sequence on every rank; its gradient a partial sum, reduce-scattered over the sequence."""
+        x = inputs[0]
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, (Shard(1),), run_check=False)
+        whole = x.redistribute(mesh, (Replicate(),)).to_local(grad_placements=(Partial(),))
+        return (whole, *inputs[1:])
+
+    @staticmethod
+    def _prepare_output_fn(mesh: DeviceMesh, outputs: tuple) -> tuple:
+        """The partial output summed and scattered over the sequence: this rank's part, a plain tensor."""
+        out, *rest = outputs
+        scattered = DTensor.from_local(out, mesh, (Partial(),), run_check=False).redistribute(mesh, (Shard(1),))
+        return (scattered.to_local(), *rest)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times `scale` (the router's whole gradient, counted once over ranks)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def _sum_weight_grads(routing, mesh: DeviceMesh):
+    """The routing with weights whose gradient is summed over the group (identity forward)."""
+    weights = DTensor.from_local(routing.weights, mesh, (Replicate(),), run_check=False)
+    return dataclasses.replace(routing, weights=weights.to_local(grad_placements=(Partial(),)))
+
+
+def _distribute(owner: nn.Module, name: str, mesh: DeviceMesh, placement) -> None:
+    param = getattr(owner, name)
+    owner.register_parameter(
+        name, nn.Parameter(distribute_tensor(param.data, mesh, (placement,)), requires_grad=param.requires_grad)
+    )
+
+
+def _check_layer(module: nn.Module, mesh: DeviceMesh) -> None:
+    kind = type(module).__name__
+    experts, router = getattr(module, "experts", None), getattr(module, "router", None)
+    if experts is None or router is None or not all(hasattr(experts, name) for name in HIDDEN_DIM):
+        raise TypeError(
+            f"MoETensorParallel: {kind} is not a mixture-of-experts layer (it needs `router` and `experts` with "
+            "w1, w2, w3); declare this style only for the sparse layers"
+        )
+    if getattr(module, "shared_experts", None) is not None:
+        raise ValueError(f"MoETensorParallel: {kind} has shared experts, which it does not split yet")
+    hidden = experts.w2.shape[1]
+    if hidden % mesh.size():
+        raise ValueError(f"MoETensorParallel: the experts' {hidden} hidden units do not split over {mesh.size()} ranks")
