@@ -1,9 +1,15 @@
-"""Launch the trainer the way users do: `torchrun ... -m titan_train` or `titan-train`."""
+"""Launch the trainer the way users do (`titan-train`, `torchrun ... -m titan_train`), or its ranks forked from a
+process that imported torch once (`run_ranks`: the same variables as under torchrun), as most tests do."""
 
 import json
+import multiprocessing
 import os
+import runpy
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,22 +24,106 @@ def _env() -> dict:
     return env
 
 
-def run_titan(args: list[str], nproc: int | None = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the trainer (under torchrun when nproc is given) and return the finished process."""
+def run_titan(
+    args: list[str], nproc: int | None = 1, timeout: int = 600, torchrun: bool = False
+) -> subprocess.CompletedProcess:
+    """Run the trainer and return the finished process: `titan-train` (nproc None), or `python -m titan_train`
+    as `nproc` ranks, started by `run_ranks` or, with torchrun=True, by torchrun itself (as users do)."""
     if nproc is None:
         cmd = [str(Path(sys.executable).parent / "titan-train"), *args]
+    elif torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "titan_train", *args]  # fmt: skip
     else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-            "titan_train",
-            *args,
-        ]
+        return run_ranks([sys.executable, "-m", "titan_train", *args], nproc, timeout)
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT)
+
+
+def run_ranks(cmd: list[str], nproc: int | None, timeout: int) -> subprocess.CompletedProcess:
+    """`cmd` (`python -m module args` or `python script args`) as the `nproc` ranks of one process group on this
+    host, with the variables torchrun --standalone gives its workers (what env:// initialization reads), or as
+    one plain process (nproc None). The processes are forked from a server that imported torch and Titan once
+    (multiprocessing's forkserver) instead of each importing them, about 5 s of CPU per process and most of a
+    small test's time on 2 cores, and without torchrun's agent process. As under torchrun, the first rank to
+    fail stops the others. stdout / stderr: every rank's, rank 0 first."""
+    if nproc is None:
+        envs = [_env()]
+    else:
+        with socket.socket() as probe:  # a free port for rank 0's store, as torchrun --standalone picks one
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        envs = [{**_env(), **common, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(nproc)]
+    context = _forkserver()
+    with tempfile.TemporaryDirectory() as logs:
+        procs = [
+            context.Process(target=_run_rank, args=(cmd[1:], env, f"{logs}/{rank}")) for rank, env in enumerate(envs)
+        ]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while any(p.exitcode is None for p in procs):
+            timed_out = time.monotonic() > deadline
+            if timed_out or any(p.exitcode for p in procs):
+                _stop(procs)
+                break
+            time.sleep(0.05)
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        out, err = ("".join(_read(f"{logs}/{rank}.{kind}") for rank in range(len(procs))) for kind in "12")
+    returncode = next((p.exitcode for p in procs if p.exitcode), 0)
+    return subprocess.CompletedProcess(cmd, returncode, out, err)
+
+
+# What every rank imports; the ranks then start with them imported. Modules read the environment at run time,
+# not at import (each rank's variables are set before it runs).
+_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
+            "torch.distributed.checkpoint", "titan_train.cli.train", "titan_train.run.trainer"]  # fmt: skip
+_CONTEXT = []
+
+
+def _forkserver():
+    if not _CONTEXT:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)
+        _CONTEXT.append(context)
+    return _CONTEXT[0]
+
+
+def _run_rank(args: list[str], env: dict, log_prefix: str) -> None:
+    """In the forked rank: `python args...` (`-m module ...` or `script ...`) with this rank's environment,
+    working folder and output files."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    for fd, kind in ((1, "1"), (2, "2")):
+        with open(f"{log_prefix}.{kind}", "w") as log:
+            os.dup2(log.fileno(), fd)
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path.insert(0, str(Path(args[0]).parent))  # as `python script` puts the script's folder first
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text() if Path(path).exists() else ""  # absent: the rank died before writing
+
+
+def _stop(procs: list) -> None:
+    """Terminate the ranks still running; kill those that do not exit within 10 s."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
 
 
 def read_metrics(dump_folder: Path) -> list[dict]:
@@ -52,10 +142,5 @@ def parity_result(out: str, args: list[str], nproc: int | None) -> dict:
 
 
 def run_script(script: str, args: list[str], nproc: int | None, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run a script from integration/ directly (nproc None) or under torchrun."""
-    path = str(Path(__file__).resolve().parent / script)
-    if nproc is None:
-        cmd = [sys.executable, path, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", path, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout, cwd=ROOT)
+    """Run a script from integration/ as one plain process (nproc None) or as `nproc` ranks (run_ranks)."""
+    return run_ranks([sys.executable, str(Path(__file__).resolve().parent / script), *args], nproc, timeout)

@@ -9,7 +9,7 @@ METRIC_KEYS = {"step", "loss", "grad_norm", "lr", "tps", "mfu", "memory"}
 
 
 def test_torchrun_module_writes_step_lines_and_metrics(tmp_path, tiny_args):
-    proc = run_titan([*tiny_args, "--training.steps", "4"], nproc=1)
+    proc = run_titan([*tiny_args, "--training.steps", "4"], nproc=1, torchrun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     step_lines = [line for line in proc.stdout.splitlines() if "loss" in line and "step" in line]
     assert len(step_lines) == 4, proc.stdout

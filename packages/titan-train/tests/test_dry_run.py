@@ -132,7 +132,6 @@ def test_a_class_of_pipeline_ranks_reports_its_worst_rank(tmp_path, schedule, fl
     assert each[1]["peak_active_gib"] > each[2]["peak_active_gib"]
 
 
-@pytest.mark.slow
 def test_a_v_shaped_schedule_simulates_every_pipeline_rank(tmp_path):
     """The rank at the V's turn holds two adjacent stages and can peak above a lower middle rank: no grouping."""
     args = (
@@ -290,7 +289,7 @@ def table_why(line: str) -> str:
     return line.rsplit("|", 2)[-2].strip()
 
 
-@pytest.mark.slow  # about a minute: 48 blocks of 128 experts, simulated op by op for two steps
+# About a minute: 48 blocks of 128 experts, simulated op by op for two steps.
 def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
     """configs/qwen3_30b_a3b.toml on 16 GPUs (FSDP 16; shorter sequences than the recipe's, which leave the
     state alone): each rank holds a sixteenth of the 30.5B float32 parameters (the 128 experts of each layer
