@@ -1,13 +1,13 @@
 """Test sessions. Each package is tested in a venv holding only it and its declared dependencies.
 
 nox                      every default session: lint, each package's tests, integration (its slow cases
-                         included), packaging, lower_bound
+                         included, but the stress ones), packaging, lower_bound
 nox -s packaging         build every wheel and sdist, check them, install each wheel alone in a fresh venv
 nox -s lower_bound       titan-train's tests against the lowest sibling versions its ranges allow
 nox -s train             train the debug model on the embedded data
 nox -s integration_gpu   the integration cases on NCCL (skips, saying so, without GPUs)
-nox -s slow              only the tests marked slow (integration runs its own too; `-- -m 'not slow'` after
-                         its name leaves them out, for a quick pass)
+nox -s slow              every test marked slow, stress ones included (`nox -s integration -- -m 'not slow'`
+                         leaves integration's out, for a quick pass)
 nox -s gpu_check         the checks one CUDA GPU can make (tools/gpu_check.py; lists them without CUDA)
 """
 
@@ -83,7 +83,9 @@ def integration(session: nox.Session) -> None:
     _install(session, *PACKAGES)
     session.install("-c", CONSTRAINTS, "transformers")
     # The slowest cases in every log: what to look at when the suite's time has to come down.
-    _pytest(session, str(ROOT / "integration"), "-m", "not gpu", "--durations=25")
+    # Its slow cases too; the stress ones (ten kills in a row, the GPU check's full rehearsal: what shorter cases
+    # check, repeated) only in `nox -s slow`.
+    _pytest(session, str(ROOT / "integration"), "-m", "not gpu and not stress", "--durations=25")
 
 
 @nox.session

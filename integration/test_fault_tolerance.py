@@ -72,6 +72,7 @@ def test_kill9_between_checkpoints_resumes_bit_for_bit(tmp_path, uninterrupted, 
 
 
 @pytest.mark.slow
+@pytest.mark.stress
 def test_kill9_ten_times_every_try_completes(tmp_path, uninterrupted):
     for attempt in range(10):  # after step 5 to 11: the step-4 checkpoint exists, the kill costs up to 3 steps
         kill_and_resume(tmp_path / str(attempt), uninterrupted, victim=attempt % 2, after_step=5 + attempt % 7)

@@ -291,6 +291,7 @@ def test_a_short_rehearsal_on_cpu_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.stress
 def test_the_full_rehearsal_on_cpu(tmp_path):
     result, document = rehearse(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
