@@ -1,6 +1,7 @@
 """Launch the trainer the way users do (`titan-train`, `torchrun ... -m titan_train`), or its ranks forked from a
 process that imported torch once (`run_ranks`: the same variables as under torchrun), as most tests do."""
 
+import functools
 import json
 import multiprocessing
 import os
@@ -81,15 +82,13 @@ def run_ranks(cmd: list[str], nproc: int | None, timeout: int) -> subprocess.Com
 # not at import (each rank's variables are set before it runs).
 _PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
             "torch.distributed.checkpoint", "titan_train.cli.train", "titan_train.run.trainer"]  # fmt: skip
-_CONTEXT = []
 
 
+@functools.cache
 def _forkserver():
-    if not _CONTEXT:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)
-        _CONTEXT.append(context)
-    return _CONTEXT[0]
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    return context
 
 
 def _run_rank(args: list[str], env: dict, log_prefix: str) -> None:
