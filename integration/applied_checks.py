@@ -83,17 +83,17 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     ep = int(o.get("parallelism.expert_parallel_degree", 1))
     _assert_expert_parallel(part, ep, where)
     if tp > 1:
-        _assert_moe_tensor_parallel(part, where)
-    data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp"}
+        _assert_moe_tensor_parallel(part, where, ep)
+    data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp", "edp_shard", "dp_shard_in_ep"}
     for name, p in part["params"].items():
         sharded_on = dict(zip(p["mesh"], p["placements"], strict=True))
         if ep > 1 and ".experts." in name:
-            # Replicated over dp_replicate (HSDP), FSDP-sharded over edp_shard, then split by expert over the
-            # expert-parallel ranks.
+            # Replicated over dp_replicate (HSDP), FSDP-sharded over edp_shard (with FSDP), then split by expert
+            # over the expert-parallel ranks.
             mesh = p["mesh"][1:] if replicate > 1 else p["mesh"]
             assert replicate == 1 or sharded_on["dp_replicate"] == "R", f"{where} {name}: {p}"
-            assert mesh[0] == "edp_shard" and p["placements"][-1] == "S(0)", f"{where} {name}: {p}"
-            assert set(mesh[1:]) <= {"dp_shard_in_ep", "cp", "ep"}, f"{where} {name}: {p}"
+            assert (mesh[0] == "edp_shard") == fsdp2 and p["placements"][-1] == "S(0)", f"{where} {name}: {p}"
+            assert set(mesh[fsdp2:]) <= {"dp_shard_in_ep", "cp", "tp", "ep"}, f"{where} {name}: {p}"
             continue
         if fsdp2 or simple:
             assert data_dims & set(sharded_on), f"{where} {name}: not on a data-parallel mesh: {p}"
@@ -116,15 +116,16 @@ SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe tiny: layer 0 
 EXPERTS = 8
 
 
-def _assert_moe_tensor_parallel(part: dict, where: str) -> None:
-    """Every sparse layer tensor-parallel as a whole: experts split on their hidden units, the router replicated."""
+def _assert_moe_tensor_parallel(part: dict, where: str, ep: int) -> None:
+    """Every sparse layer tensor-parallel as a whole, the router replicated: experts split on their hidden
+    units, or beside expert parallelism left to it (the tp ranks are expert-parallel ranks then, ETP = 1)."""
     for fqn in SPARSE_LAYERS:
         if f"{fqn}.feed_forward.experts.w1" not in part["params"]:
             continue  # a dense model, or a stage without this layer
         style = part["tp_styles"].get(f"{fqn}.feed_forward")
         assert style == "MoETensorParallel", f"{where} {fqn}.feed_forward: tp style {style}"
-        for name, want in (("experts.w1", "S(2)"), ("experts.w3", "S(2)"), ("experts.w2", "S(1)"),
-                           ("router.gate.weight", "R")):  # fmt: skip
+        hidden = (("experts.w1", "S(2)"), ("experts.w3", "S(2)"), ("experts.w2", "S(1)")) if ep == 1 else ()
+        for name, want in (*hidden, ("router.gate.weight", "R")):
             p = part["params"][f"{fqn}.feed_forward.{name}"]
             placement = dict(zip(p["mesh"], p["placements"], strict=True)).get("tp")
             assert placement == want, f"{where} {fqn}.feed_forward.{name}: tp placement {p}"

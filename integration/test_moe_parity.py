@@ -55,6 +55,11 @@ CASES = [
     ("tp2_compile_sequence_aux", 2, 1, SEQUENCE_AUX, [*TP2, "--compile.enable", "true"]),
     ("simple_fsdp2_tp2", 4, 2, (), [*TP2, "--parallelism.fsdp_implementation", "simple_fsdp"]),
     ("pp2_tp2_sequence_aux", 4, 1, (*SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2, *TP2]),
+    # Both (ETP = 1): attention tensor-parallel, experts split over the tp ranks with the data ranks.
+    ("tp2_ep2", 2, 1, (), [*TP2, *EP2]),
+    ("fsdp2_tp2_ep2_aux_free", 4, 2, AUX_FREE, [*TP2, *EP2]),
+    ("fsdp2_tp2_ep4_sequence_aux_ac_op", 4, 2, SEQUENCE_AUX, [*TP2, "--parallelism.expert_parallel_degree", "4",
+                                                              "--activation_checkpoint.mode", "selective"]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

@@ -6,6 +6,9 @@ A toy layer with the shape MoETensorParallel expects (titan-parallel's tests hol
 returning weights, experts w1 / w2 / w3 stacked per expert, a per-token auxiliary term on the scores (the
 gradient that is whole on every rank). Reference: the same layer, weights and whole sequence on one rank.
 Output, input gradient and every weight gradient (this rank's slice) rtol 1e-5 / atol 1e-6.
+
+Beside expert parallelism (`with_expert_parallel`): the experts take rows sorted by expert and their offsets
+(apply_ep's contract), split by expert over the tp ranks, each of which dispatches its share of the rows.
 """
 
 import dataclasses
@@ -23,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multiprocess import run_cases  # noqa: E402
 
 from titan_parallel import apply_tp  # noqa: E402
+from titan_parallel.ep.expert_parallel import apply_ep  # noqa: E402
 from titan_parallel.tp.moe_parallel import MoETensorParallel  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -87,14 +91,50 @@ class ToyMoE(nn.Module):
         return out.reshape(bs, seqlen, dim), aux
 
 
+class SortedExperts(Experts):
+    """The experts as expert parallelism wants them: rows sorted by expert, offsets[e] the end of e's rows."""
+
+    def forward(self, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        expert_of_row = torch.repeat_interleave(torch.diff(offsets.long(), prepend=offsets.new_zeros(1).long()))
+        return super().forward(rows, expert_of_row)
+
+
+class SortedToyMoE(ToyMoE):
+    def __init__(self):
+        super().__init__()
+        self.experts = SortedExperts()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bs, seqlen, dim = x.shape
+        tokens = x.reshape(-1, dim)
+        routing = self.router(tokens)
+        order = routing.experts.reshape(-1).argsort(stable=True)
+        token_of = order // TOP_K
+        offsets = torch.bincount(routing.experts.reshape(-1), minlength=EXPERTS).cumsum(0)
+        out = self.experts(tokens[token_of], offsets) * routing.weights.reshape(-1, 1)[order]
+        out = torch.zeros_like(tokens).index_add_(0, token_of, out)
+        return out.reshape(bs, seqlen, dim), (routing.scores**2).sum()
+
+
 def case_matches_one_rank() -> None:
+    _check_against_one_rank(expert_parallel=False)
+
+
+def case_with_expert_parallel() -> None:
+    _check_against_one_rank(expert_parallel=True)
+
+
+def _check_against_one_rank(expert_parallel: bool) -> None:
     rank, tp = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
     torch.manual_seed(0)
-    reference = ToyMoE()
-    sharded = ToyMoE()
+    layer = SortedToyMoE if expert_parallel else ToyMoE
+    reference = layer()
+    sharded = layer()
     sharded.load_state_dict(reference.state_dict())
-    apply_tp(sharded, mesh, {"": MoETensorParallel()})
+    apply_tp(sharded, mesh, {"": MoETensorParallel(expert_parallel=expert_parallel)})
+    if expert_parallel:
+        apply_ep(sharded, mesh, ["experts"], tp_mesh=mesh)
     x = torch.randn(2, 4 * tp, DIM, generator=torch.Generator().manual_seed(1), requires_grad=True)
     grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
 
@@ -109,9 +149,9 @@ def case_matches_one_rank() -> None:
     torch.testing.assert_close(mine.grad, x.grad.chunk(tp, dim=1)[rank], **TOL)
     torch.testing.assert_close(local(sharded.router.gate.weight.grad), reference.router.gate.weight.grad, **TOL)
     for name, dim in (("w1", 2), ("w3", 2), ("w2", 1)):
-        want = getattr(reference.experts, name).grad.chunk(tp, dim=dim)[rank]
+        want = getattr(reference.experts, name).grad.chunk(tp, dim=0 if expert_parallel else dim)[rank]
         torch.testing.assert_close(local(getattr(sharded.experts, name).grad), want, **TOL, msg=name)
 
 
 if __name__ == "__main__":
-    run_cases(lambda: {"matches_one_rank": case_matches_one_rank})
+    run_cases(lambda: {"matches_one_rank": case_matches_one_rank, "with_expert_parallel": case_with_expert_parallel})

@@ -46,12 +46,20 @@ def test_expert_parallel_ranks_come_from_data_and_context_ranks():
     assert "experts: ep 4 x fsdp 2" in dims.describe()
 
 
+def test_tensor_parallel_ranks_join_the_expert_parallel_group():
+    # TorchTitan's ETP = 1: routed experts are not tensor-parallel; the tp ranks split them with the data ranks.
+    dims = ParallelDims(dp_replicate=1, dp_shard=4, cp=1, tp=2, pp=1, world_size=8, ep=4)
+    assert (dims.edp_shard, dims.dp_shard_in_ep, dims.degree("ep"), dims.dp) == (2, 2, 4, 4)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=2, pp=1, world_size=2, ep=2)
+    assert (dims.edp_shard, dims.dp_shard_in_ep) == (1, 1)
+
+
 @pytest.mark.parametrize(
     "degrees, message",
     [
-        (dict(dp_shard=4, cp=1, tp=1, ep=3), r"ep=3 must divide dp_shard=4 x cp=1 = 4 .* valid here: \[2, 4\]"),
-        (dict(dp_shard=1, cp=4, tp=1, ep=2), r"ep=2 .* be a multiple of cp=4"),
-        (dict(dp_shard=2, cp=1, tp=2, ep=2), r"ep=2 with tp=2 is not supported yet"),
+        (dict(dp_shard=4, cp=1, tp=1, ep=3), r"ep=3 must divide dp_shard=4 x cp=1 x tp=1 = 4 .* valid here: \[2, 4\]"),
+        (dict(dp_shard=1, cp=4, tp=1, ep=2), r"ep=2 .* be a multiple of cp x tp = 4"),
+        (dict(dp_shard=2, cp=1, tp=4, ep=2), r"ep=2 .* be a multiple of cp x tp = 4 .* valid here: \[4, 8\]"),
     ],
 )
 def test_impossible_expert_parallel_degrees_are_refused(degrees, message):

@@ -1,5 +1,5 @@
 """Tensor parallelism of a mixture-of-experts layer: against the one-rank layer on 2 and 4 gloo ranks
-(moe_tp_script.py), and the layers it refuses."""
+(moe_tp_script.py), alone and beside expert parallelism over the tp ranks, and the layers it refuses."""
 
 import sys
 from pathlib import Path
@@ -21,7 +21,8 @@ SCRIPT = Path(__file__).with_name("moe_tp_script.py")
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_gradient_equals_the_one_rank_layer(world):
     output = launch(SCRIPT, world)
-    missing = [f"rank {r} matches_one_rank" for r in range(world) if f"rank {r} matches_one_rank ok" not in output]
+    cases = ("matches_one_rank", "with_expert_parallel")
+    missing = [f"rank {r} {c}" for r in range(world) for c in cases if f"rank {r} {c} ok" not in output]
     assert not missing, f"not ok: {missing}\n{output[-6000:]}"
 
 

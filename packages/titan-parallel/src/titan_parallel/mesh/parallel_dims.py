@@ -16,15 +16,16 @@ FLATTENED = {
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
 }
 # With expert parallelism dp_shard is two mesh dimensions: the experts' FSDP shards (outer, `edp_shard`) and
-# the data ranks that, with every cp rank, form one expert-parallel group (inner, `dp_shard_in_ep`), so an
-# EP group's all-to-all stays on neighbouring ranks. Every view is flattened from these.
+# the data ranks that, with every cp and tp rank, form one expert-parallel group (inner, `dp_shard_in_ep`),
+# so an EP group's all-to-all stays on neighbouring ranks. Every view is flattened from these. Routed experts
+# are never tensor-parallel beside EP: the tp ranks join the EP group instead (TorchTitan's ETP = 1).
 EP_MESH_DIMS = ("pp", "dp_replicate", "edp_shard", "dp_shard_in_ep", "cp", "tp")
 EP_FLATTENED = {
     "dp_shard": ("edp_shard", "dp_shard_in_ep"),
     "dp": ("dp_replicate", "edp_shard", "dp_shard_in_ep"),
     "dp_shard_cp": ("edp_shard", "dp_shard_in_ep", "cp"),
     "dp_cp": ("dp_replicate", "edp_shard", "dp_shard_in_ep", "cp"),
-    "ep": ("dp_shard_in_ep", "cp"),
+    "ep": ("dp_shard_in_ep", "cp", "tp"),
 }
 
 
@@ -38,7 +39,8 @@ class ParallelDims:
     pp: int
     world_size: int
     ep: int = 1
-    """Expert parallel: ranks taken from dp_shard x cp (cp ranks first) that split the routed experts."""
+    """Expert parallel: ranks taken from dp_shard x cp x tp (every cp and tp rank first) that split the routed
+    experts."""
     mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
@@ -67,25 +69,25 @@ class ParallelDims:
             self._check_ep()
 
     def _check_ep(self) -> None:
-        ep, cp, shard_cp = self.ep, self.cp, self.dp_shard * self.cp
-        if shard_cp % ep or ep % cp:
-            fits = [d for d in range(cp, shard_cp + 1, cp) if shard_cp % d == 0 and d > 1]
+        ep, inner = self.ep, self.cp * self.tp
+        ranks = self.dp_shard * inner
+        if ranks % ep or ep % inner:
+            fits = [d for d in range(inner, ranks + 1, inner) if ranks % d == 0 and d > 1]
             raise ValueError(
-                f"{named('ep')}={ep} must divide {named('dp_shard')}={self.dp_shard} x {named('cp')}={cp} = "
-                f"{shard_cp} and be a multiple of {named('cp')}={cp} (expert-parallel ranks are the data and "
-                f"context ranks, context ranks first); valid here: {fits or 'none (raise dp_shard)'}"
+                f"{named('ep')}={ep} must divide {named('dp_shard')}={self.dp_shard} x {named('cp')}={self.cp} x "
+                f"{named('tp')}={self.tp} = {ranks} and be a multiple of {named('cp')} x {named('tp')} = {inner} "
+                f"(expert-parallel ranks are the data, context and tensor-parallel ranks, every context and "
+                f"tensor-parallel rank first); valid here: {fits or 'none (raise dp_shard)'}"
             )
-        if self.tp > 1:
-            raise ValueError(f"{named('ep')}={ep} with {named('tp')}={self.tp} is not supported yet; use one of them")
 
     @property
     def edp_shard(self) -> int:
-        """With EP, the ranks that FSDP-shard each expert (dp_shard x cp / ep); dp_shard otherwise."""
-        return self.dp_shard * self.cp // self.ep if self.ep > 1 else self.dp_shard
+        """With EP, the ranks that FSDP-shard each expert (dp_shard x cp x tp / ep); dp_shard otherwise."""
+        return self.dp_shard * self.cp * self.tp // self.ep if self.ep > 1 else self.dp_shard
 
     @property
     def dp_shard_in_ep(self) -> int:
-        return self.ep // self.cp if self.ep > 1 else 1
+        return self.ep // (self.cp * self.tp) if self.ep > 1 else 1
 
     def _mesh_dims(self) -> list[str]:
         """The mesh's dimensions, outermost first: those larger than 1 (with EP, edp_shard always, for the

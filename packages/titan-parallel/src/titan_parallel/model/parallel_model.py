@@ -105,13 +105,13 @@ def build_parallel_model(
         if dims.tp > 1:
             tp_mesh = dims.submesh("tp")
             tp_plan = converter.tp_plan(plan.tp_plan(loss_parallel=layout.loss_parallel), part, tp_mesh)
-            apply_tp(part, tp_mesh, tp_plan, async_tp=layout.async_tensor_parallel)
+            apply_tp(part, tp_mesh, tp_plan, async_tp=layout.async_tensor_parallel, expert_parallel=dims.ep > 1)
         if layout.context_parallel is not None:
             cp = layout.context_parallel
             apply_cp(
                 part, dims.submesh("cp"), plan.attention_fqns, variant=cp.variant, implementation=cp.implementation
             )
-        experts = apply_ep(part, dims.submesh("ep"), plan.expert_fqns) if dims.ep > 1 else []
+        experts = apply_ep(part, dims.submesh("ep"), plan.expert_fqns, dims.submesh("tp")) if dims.ep > 1 else []
         if ac_policies is not None:
             apply_ac_policies(part, plan.block_fqns, ac_policies)
         elif ac.mode != "none":
@@ -142,7 +142,7 @@ def build_parallel_model(
 
 def _apply_data_parallel(part: nn.Module, blocks: list[str], layout: Layout, experts: list[nn.Module]) -> None:
     dims, kind = layout.dims, layout.data_parallel
-    if experts and kind is not DataParallel.FSDP2:
+    if experts and kind not in (DataParallel.FSDP2, DataParallel.NONE):
         raise ValueError(f"expert parallelism shards the experts with FSDP2; data parallel is {kind.value}")
     if kind is DataParallel.FSDP2:
         expert_mesh = dims.expert_fsdp_mesh() if experts else None

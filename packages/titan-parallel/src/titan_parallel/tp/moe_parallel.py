@@ -17,6 +17,11 @@ summed over the group (one [tokens, top_k] all-reduce) before it reaches the sco
 auxiliary losses' gradient, which is whole on every rank. The router's weight then gets the same, whole
 gradient on every rank, as a replicated parameter must.
 
+Beside expert parallelism (`expert_parallel=True`) the experts are not split on their hidden units: the tp
+ranks are part of the expert-parallel group (TorchTitan's ETP = 1) and each dispatches an equal share of the
+same expert-sorted rows (titan_parallel.ep.expert_parallel), its output zero elsewhere. The output is still a
+partial sum over the tp ranks, and everything above holds unchanged.
+
 The module is duck typed (titan_models.moe.MoE): `router(tokens)` returns an object with `weights`
 [tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; no shared experts; `forward` returns
 (output, routing statistics). Its code reads plain local tensors (titan_models' `local_tensor`). A model
@@ -40,15 +45,20 @@ HIDDEN_DIM = {"w1": 2, "w3": 2, "w2": 1}
 
 class MoETensorParallel(ParallelStyle):
     """Tensor parallelism of a whole mixture-of-experts layer between sequence-parallel activations (module
-    docstring): input Shard(1), output this rank's Shard(1) part as a plain tensor."""
+    docstring): input Shard(1), output this rank's Shard(1) part as a plain tensor. `expert_parallel`: the
+    experts are left to expert parallelism (apply_ep with the tp mesh), not split on their hidden units."""
+
+    def __init__(self, expert_parallel: bool = False):
+        super().__init__()
+        self.expert_parallel = expert_parallel
 
     def __repr__(self) -> str:
-        return "MoETensorParallel()"
+        return f"MoETensorParallel(expert_parallel={self.expert_parallel})"
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _check_layer(module, device_mesh)
+        _check_layer(module, device_mesh, self.expert_parallel)
         experts, router = module.experts, module.router
-        for name, dim in HIDDEN_DIM.items():
+        for name, dim in HIDDEN_DIM.items() if not self.expert_parallel else ():
             _distribute(experts, name, device_mesh, Shard(dim))
         _distribute(router.gate, "weight", device_mesh, Replicate())
         # As torch's styles do (a closure over the style's _prepare_*_fn), so the applied layout can name it.
@@ -104,7 +114,7 @@ def _distribute(owner: nn.Module, name: str, mesh: DeviceMesh, placement) -> Non
     )
 
 
-def _check_layer(module: nn.Module, mesh: DeviceMesh) -> None:
+def _check_layer(module: nn.Module, mesh: DeviceMesh, expert_parallel: bool) -> None:
     kind = type(module).__name__
     experts, router = getattr(module, "experts", None), getattr(module, "router", None)
     if experts is None or router is None or not all(hasattr(experts, name) for name in HIDDEN_DIM):
@@ -115,5 +125,5 @@ def _check_layer(module: nn.Module, mesh: DeviceMesh) -> None:
     if getattr(module, "shared_experts", None) is not None:
         raise ValueError(f"MoETensorParallel: {kind} has shared experts, which it does not split yet")
     hidden = experts.w2.shape[1]
-    if hidden % mesh.size():
+    if hidden % mesh.size() and not expert_parallel:
         raise ValueError(f"MoETensorParallel: the experts' {hidden} hidden units do not split over {mesh.size()} ranks")

@@ -34,16 +34,25 @@ def check_tp_degree(tp: int, divisible: dict[str, int], sizes_of: str | None = N
             raise ValueError(f"{named('tp')}={tp} does not divide {name}={size}{source}; use {listed}")
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_tp: str | None = None) -> nn.Module:
+def apply_tp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    plan: dict[str, object],
+    async_tp: str | None = None,
+    expert_parallel: bool = False,
+) -> nn.Module:
     """Parallelize `model` over `mesh` by the plan's FQN patterns ("layers.*.attention.wq": ColwiseParallel()).
 
     Values are ParallelStyles or declared styles (module docstring). Entries naming a module this part lacks or
     holds as None (a pipeline stage without the embedding, the output or some blocks) are left out: the whole
     model's plan serves each stage, without torch warning about every missing module. `async_tp`: None,
     "titan" (micro-pipelined styles) or "symmetric_memory" (inductor's pass over the plain styles); see
-    async_tensor_parallel.py.
+    async_tensor_parallel.py. `expert_parallel`: the routed experts are expert-parallel over a group the tp
+    ranks belong to (apply_ep with this mesh), so an `experts_hidden_shard` entry leaves them unsplit.
     """
-    present = {fqn: _as_parallel_style(fqn, style) for fqn, style in plan.items() if not _absent(model, fqn)}
+    present = {
+        fqn: _as_parallel_style(fqn, style, expert_parallel) for fqn, style in plan.items() if not _absent(model, fqn)
+    }
     if async_tp == "titan":
         present = async_tp_plan(present, model=model)  # model: to log the layers that stay plain
     elif async_tp == "symmetric_memory":
@@ -53,7 +62,7 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: dict[str, object], async_
     return parallelize_module(model, mesh, present)
 
 
-def _as_parallel_style(fqn: str, entry: object) -> ParallelStyle:
+def _as_parallel_style(fqn: str, entry: object, expert_parallel: bool = False) -> ParallelStyle:
     """The ParallelStyle a plan entry stands for: itself, or the style a declared style names."""
     if isinstance(entry, ParallelStyle):
         return entry
@@ -61,7 +70,7 @@ def _as_parallel_style(fqn: str, entry: object) -> ParallelStyle:
     if getattr(entry, "parallel_style", None) == "channel_shard" and isinstance(getattr(entry, "sharded", None), tuple):
         return ChannelParallel(entry.sharded)
     if getattr(entry, "parallel_style", None) == "experts_hidden_shard":
-        return MoETensorParallel()
+        return MoETensorParallel(expert_parallel=expert_parallel)
     raise TypeError(
         f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
         "style; use a ParallelStyle, an object with parallel_style='channel_shard' and `sharded`, a tuple of "
