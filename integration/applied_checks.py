@@ -131,6 +131,15 @@ def _assert_moe_tensor_parallel(part: dict, where: str, ep: int) -> None:
             assert placement == want, f"{where} {fqn}.feed_forward.{name}: tp placement {p}"
 
 
+def assert_expert_all_to_all(collectives_by_rank: list[dict], options: list[str]) -> None:
+    """With expert parallelism every rank's flight recorder saw all-to-alls on a group of `ep` ranks (the
+    token dispatch ran); without it, no all-to-all at all."""
+    ep = int(options_dict(options).get("parallelism.expert_parallel_degree", 1))
+    for rank, seen in enumerate(collectives_by_rank):
+        sizes = next((sizes for name, sizes in seen.items() if name.endswith("all_to_all")), [])
+        assert sizes == ([ep] if ep > 1 else []), f"rank {rank}: all-to-all on groups of {sizes}, ep {ep}: {seen}"
+
+
 def _assert_expert_parallel(part: dict, ep: int, where: str) -> None:
     """Every sparse layer's experts split over `ep` ranks (none split without expert parallelism)."""
     if ep == 1:

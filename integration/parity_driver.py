@@ -3,8 +3,9 @@
     torchrun --nproc_per_node N parity_driver.py OUT.pt [--emulate-dp W] [titan-train options...]
 
 Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, the MoE
-selection biases after the last step, and every rank's applied layout (titan_parallel.describe_applied, read
-from the live model before step 1).
+selection biases after the last step, every rank's applied layout (titan_parallel.describe_applied, read
+from the live model before step 1) and the collectives each rank's flight recorder saw in step 1 (op ->
+sizes of the process groups it ran on).
 `--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
 accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W (with
 --training.global_batch_size G: G / local_batch_size micro-batches in turn from the W shards, the reference
@@ -12,6 +13,7 @@ for dp = W with gradient accumulation).
 """
 
 import itertools
+import pickle
 import sys
 
 import torch
@@ -47,6 +49,19 @@ def every_rank(value) -> list:
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, value)
     return everyone
+
+
+def collectives_seen() -> dict[str, list[int]]:
+    """What torch's flight recorder holds for this process: each collective ("gloo:all_to_all") and the sizes
+    of the process groups it ran on. Empty on one process or with the recorder off."""
+    if not dist.is_initialized():
+        return {}
+    groups = dist.distributed_c10d._world.pg_group_ranks.items()  # (not-a-member markers are ints)
+    size_of = {pg.group_name: len(ranks) for pg, ranks in groups if isinstance(pg, dist.ProcessGroup)}
+    seen: dict[str, set[int]] = {}
+    for entry in pickle.loads(torch._C._distributed_c10d._dump_fr_trace()).get("entries", []):
+        seen.setdefault(entry["profiling_name"], set()).add(size_of.get(entry["process_group"][0], -1))
+    return {name: sorted(sizes) for name, sizes in seen.items()}
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):
@@ -98,6 +113,7 @@ def main(argv: list[str]) -> None:
             norms.append(grad_norm)
             if step == 0:
                 grads = full_grads(trainer.model_parts)
+                collectives = every_rank(collectives_seen())
         # State the optimizer does not hold, after the last step: e.g. a mixture of experts' selection biases.
         buffers = merged_over_ranks(
             {clean_fqn(name): full(b) for part in trainer.model_parts for name, b in part.state_dict().items()
@@ -105,8 +121,9 @@ def main(argv: list[str]) -> None:
         )  # fmt: skip
         if env.rank == 0:
             torch.save(
-                {"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied, "buffers": buffers}, out
-            )
+                {"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied, "buffers": buffers,
+                 "collectives": collectives}, out,
+            )  # fmt: skip
     finally:
         shutdown_distributed()
 

@@ -18,7 +18,7 @@ import functools
 import pytest
 import torch
 
-from applied_checks import assert_layout_applied
+from applied_checks import assert_expert_all_to_all, assert_layout_applied
 from launch_helpers import parity_result, run_script
 
 MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_len", "64",
@@ -81,6 +81,7 @@ def test_moe_layout_matches_single_process(case_id, world, dp, shared, options, 
     out = f"{tmp_root}/{case_id}.pt"
     result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
     assert_layout_applied(result["applied"], world, [*shared, *options])
+    assert_expert_all_to_all(result["collectives"], options)
     ref = reference(dp, tmp_root, shared)
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
     assert result["grads"].keys() == ref["grads"].keys()
