@@ -54,6 +54,28 @@ def test_tensor_parallel_ranks_join_the_expert_parallel_group():
     assert (dims.edp_shard, dims.dp_shard_in_ep) == (1, 1)
 
 
+def test_expert_groups_are_the_ranks_the_mesh_gives_each_expert_parallel_group():
+    dims = ParallelDims(dp_replicate=2, dp_shard=4, cp=1, tp=2, pp=2, world_size=32, ep=4)
+    groups = dims.expert_groups()
+    assert len(groups) == 8 and sorted(r for g in groups for r in g) == list(range(32))
+    # The innermost dimensions (dp_shard_in_ep, cp, tp) flattened: runs of ep neighbouring ranks.
+    assert groups[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # The same groups as the mesh's "ep" view, built over fake process groups.
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    for rank in (0, 13):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=32)
+        try:
+            built = ParallelDims(dp_replicate=2, dp_shard=4, cp=1, tp=2, pp=2, world_size=32, ep=4)
+            built.build_mesh("cpu")
+            ep_ranks = dist.get_process_group_ranks(built.submesh("ep").get_group())
+            assert ep_ranks in groups and rank in ep_ranks
+        finally:
+            dist.destroy_process_group()
+    assert ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=1, pp=1, world_size=2).expert_groups() == []
+
+
 @pytest.mark.parametrize(
     "degrees, message",
     [

@@ -311,3 +311,20 @@ def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
     assert entry["params_gib"] * GIB == by_hand * 4 / 16
     assert entry["grads_gib"] == entry["params_gib"]
     assert entry["optimizer_gib"] * GIB == 2 * entry["params_gib"] * GIB + 4 * _parameter_tensors(spec, args)
+
+
+def test_expert_parallel_with_tensor_parallel_reports_where_each_expert_lives(tmp_path, capsys):
+    """The MoE debug model on 8 GPUs, FSDP 4 x TP 2 x EP 4: the tp ranks join the expert-parallel groups, runs
+    of 4 neighbouring ranks, each position holding 2 of the 8 experts, FSDP-sharded over the 2 groups."""
+    report = _dry_run(tmp_path, "--config", str(ROOT / "configs/qwen3_moe_debug.toml"), "--world-size", "8",
+                      "--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "4",
+                      "--training.seq_len", "64", "--training.local_batch_size", "1")  # fmt: skip
+    assert report["experts"] == {
+        "num_experts": 8, "expert_parallel_degree": 4, "experts_per_rank": 2, "expert_fsdp_degree": 2,
+        "expert_replicas": 1, "expert_parallel_groups": [[0, 1, 2, 3], [4, 5, 6, 7]],
+        "experts_by_group_position": [[0, 1], [2, 3], [4, 5], [6, 7]],
+    }  # fmt: skip
+    assert "# experts: 8 per MoE layer, 2 per rank" in capsys.readouterr().out
+    without = _dry_run(tmp_path, "--config", str(ROOT / "configs/qwen3_moe_debug.toml"), "--world-size", "2",
+                       "--training.seq_len", "64", "--training.local_batch_size", "1")  # fmt: skip
+    assert without["experts"] is None

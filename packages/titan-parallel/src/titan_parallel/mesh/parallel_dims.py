@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from titan_parallel.options.option_names import named
@@ -157,6 +158,18 @@ class ParallelDims:
         else:
             shard = "dp_shard_cp" if self.dp_shard > 1 and self.cp > 1 else ("dp_shard" if self.dp_shard > 1 else "cp")
         return self.mesh["dp_replicate", shard] if self.dp_replicate > 1 else self.mesh[shard]
+
+    def expert_groups(self) -> list[list[int]]:
+        """The global ranks of each expert-parallel group, as build_mesh lays them out (no process group
+        needed: for a dry run's report). Position i of a group holds experts i * L .. (i + 1) * L - 1 of each
+        layer (L = num_experts / ep). Empty without expert parallelism."""
+        if self.ep == 1:
+            return []
+        names = self._mesh_dims()
+        grid = torch.arange(self.world_size).reshape([getattr(self, n) for n in names])
+        inner = [names.index(n) for n in EP_FLATTENED["ep"] if n in names]
+        outer = [d for d in range(len(names)) if d not in inner]
+        return grid.permute(*outer, *inner).reshape(-1, self.ep).tolist()
 
     def local_rank(self, name: str) -> int:
         """This rank's coordinate along a dimension or flattened view (0 where it is not used)."""

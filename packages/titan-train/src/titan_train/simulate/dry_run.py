@@ -23,6 +23,7 @@ from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_models import get_model_spec
 from titan_parallel.model.layout import DataParallel
 from titan_train.config import ConfigError, JobConfig, to_toml
+from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, choose_async_tp, resolve_layout, tokens_per_step
 from titan_train.run.distributed import RunEnv
 from titan_train.run.optim import optimizer_implementation
@@ -268,6 +269,7 @@ def dry_run(
         "device_memory_gib": device_memory_gib,
         "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
         "unsupported": unsupported,
+        "experts": expert_placement(config, layout),
         "rank_classes": entries,
         "unmodelled": unmodelled,
         "seconds": time.perf_counter() - start,
@@ -277,6 +279,27 @@ def dry_run(
         json.dump(report, f, indent=2)
     print(format_report(report))
     return report
+
+
+def expert_placement(config: JobConfig, layout: Layout) -> dict | None:
+    """Where each MoE layer's routed experts live (None without expert parallelism): the expert-parallel
+    groups (global ranks) and, for each position in a group, the experts it holds; each expert's weights
+    are then FSDP-sharded over `expert_fsdp_degree` ranks (the same position in other groups) and
+    replicated `expert_replicas` times (HSDP)."""
+    dims = layout.dims
+    if dims.ep == 1:
+        return None
+    num_experts = model_args(config).moe.num_experts
+    per_rank = num_experts // dims.ep
+    return {
+        "num_experts": num_experts,
+        "expert_parallel_degree": dims.ep,
+        "experts_per_rank": per_rank,
+        "expert_fsdp_degree": dims.edp_shard,
+        "expert_replicas": dims.dp_replicate,
+        "expert_parallel_groups": dims.expert_groups(),
+        "experts_by_group_position": [[i * per_rank, (i + 1) * per_rank - 1] for i in range(dims.ep)],
+    }
 
 
 COLUMNS = ("ranks", "peak res", "peak act", "params", "grads", "optim", "activ", "headroom", "peak at")
@@ -298,6 +321,14 @@ def format_report(report: dict) -> str:
             f"{label:>9}  " + "  ".join(f"{n:9.2f}" for n in numbers) + f"  {e['peak_phase']} / {e['peak_op']}"
         )
         lines += [f"  {e['name']}: warning: {w}" for w in e["warnings"]]
+    experts = report.get("experts")
+    if experts:
+        per_rank, groups = experts["experts_per_rank"], experts["expert_parallel_groups"]
+        lines.append(
+            f"# experts: {experts['num_experts']} per MoE layer, {per_rank} per rank (position p of an expert-parallel "
+            f"group holds experts {per_rank}p..{per_rank}p+{per_rank - 1}; {len(groups)} groups of "
+            f"{len(groups[0])} neighbouring ranks), each FSDP-sharded over {experts['expert_fsdp_degree']} ranks"
+        )
     lines += [f"# unsupported: {u}" for u in report["unsupported"]]
     lines += [f"# not modelled: {u}" for u in report["unmodelled"]]
     return "\n".join(lines)
