@@ -291,13 +291,15 @@ def table_why(line: str) -> str:
 
 # About a minute: 48 blocks of 128 experts, simulated op by op for two steps.
 def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
-    """configs/qwen3_30b_a3b.toml on 16 GPUs (FSDP 16; shorter sequences than the recipe's, which leave the
-    state alone): each rank holds a sixteenth of the 30.5B float32 parameters (the 128 experts of each layer
-    included), their gradients and two AdamW moments, as counted by hand from the flavor's shape."""
+    """configs/qwen3_30b_a3b.toml on 16 GPUs (experts EP 8 x FSDP 2, the rest FSDP 16; shorter sequences
+    than the recipe's, which leave the state alone): each rank holds a sixteenth of the 30.5B float32
+    parameters (the 128 experts of each layer included), their gradients and two AdamW moments, as counted
+    by hand from the flavor's shape."""
     config = str(ROOT / "configs/qwen3_30b_a3b.toml")
     report = _dry_run(tmp_path, "--config", config, "--world-size", "16", "--training.seq_len", "256",
                       "--training.local_batch_size", "1")  # fmt: skip
     (entry,) = report["rank_classes"]
+    assert (report["experts"]["expert_parallel_degree"], report["experts"]["expert_fsdp_degree"]) == (8, 2)
     spec = get_model_spec("qwen3_moe")
     args = spec.args_for("30B-A3B")
     moe = args.moe
