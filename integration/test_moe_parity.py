@@ -29,6 +29,7 @@ AUX_FREE = ("--moe.load_balance", "aux_loss_free", "--moe.bias_update_rate", "0.
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 EP2 = ["--parallelism.expert_parallel_degree", "2"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+DEEPSEEK = ("--model.name", "deepseek_v3")
 # (id, world size, data-parallel degree, options the reference shares, options)
 CASES = [
     ("fsdp2", 2, 2, (), []),
@@ -60,6 +61,14 @@ CASES = [
     ("fsdp2_tp2_ep2_aux_free", 4, 2, AUX_FREE, [*TP2, *EP2]),
     ("fsdp2_tp2_ep4_sequence_aux_ac_op", 4, 2, SEQUENCE_AUX, [*TP2, "--parallelism.expert_parallel_degree", "4",
                                                               "--activation_checkpoint.mode", "selective"]),
+    # DeepSeek-V3 (tiny: MLA with a query latent, YaRN, 8 experts in 4 groups, a shared expert, layer 0 dense).
+    ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, *AUX_FREE), []),
+    ("deepseek_cp2_aux_free", 2, 1, (*DEEPSEEK, *AUX_FREE), ["--parallelism.context_parallel_degree", "2"]),
+    ("deepseek_pp2_sequence_aux", 2, 1, (*DEEPSEEK, *SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2]),
+    ("deepseek_fsdp4_ep2_aux_free_ac_full", 4, 4, (*DEEPSEEK, *AUX_FREE),
+     [*EP2, "--activation_checkpoint.mode", "full"]),
+    ("deepseek_ep2_compile_ac_op", 2, 2, (*DEEPSEEK, *SEQUENCE_AUX), [*EP2, "--compile.enable", "true",
+                                                                     "--activation_checkpoint.mode", "selective"]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

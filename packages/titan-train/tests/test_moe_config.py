@@ -62,9 +62,15 @@ MOE = ["--model.name", "qwen3_moe", "--model.flavor", "tiny"]  # 8 experts
          "use one of [2, 4, 8]"),
         ([*MOE, "--parallelism.expert_parallel_degree", "4"], 2,
          "parallelism.expert_parallel_degree=4 must divide parallelism.data_parallel_shard_degree=2 x "
-         "parallelism.context_parallel_degree=1 = 2"),
+         "parallelism.context_parallel_degree=1 x parallelism.tensor_parallel_degree=1 = 2"),
         ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.context_parallel_degree", "4"], 4,
-         "a multiple of parallelism.context_parallel_degree=4"),
+         "a multiple of parallelism.context_parallel_degree x parallelism.tensor_parallel_degree = 4"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+          "--parallelism.context_parallel_degree", "2"], 4,
+         "a multiple of parallelism.context_parallel_degree x parallelism.tensor_parallel_degree = 4"),
+        (["--model.name", "deepseek_v3", "--model.flavor", "tiny", "--parallelism.tensor_parallel_degree", "2"], 2,
+         "parallelism.tensor_parallel_degree=2 with model.name='deepseek_v3': tensor parallelism of multi-head "
+         "latent attention (DeepSeek-V3) is not supported yet"),
         ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.fsdp_implementation", "simple_fsdp"], 2,
          "use parallelism.fsdp_implementation='fsdp2'"),
     ],
@@ -83,3 +89,7 @@ def test_expert_parallel_layout_takes_its_ranks_from_the_data_ranks():
 
     layout = resolve_layout(load_config(parse_argv([*MOE, "--parallelism.expert_parallel_degree", "2"])), 4)
     assert (layout.dims.ep, layout.dims.edp_shard, layout.dims.dp) == (2, 2, 4)
+    # Beside tensor parallelism the tp ranks join the group (ETP = 1): EP 4 on FSDP 2 x TP 2.
+    argv = [*MOE, "--parallelism.expert_parallel_degree", "4", "--parallelism.tensor_parallel_degree", "2"]
+    layout = resolve_layout(load_config(parse_argv(argv)), 4)
+    assert (layout.dims.ep, layout.dims.edp_shard, layout.dims.dp_shard_in_ep, layout.dims.dp) == (4, 1, 2, 2)

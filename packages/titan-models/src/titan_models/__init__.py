@@ -2,7 +2,7 @@
 
 Typical use (titan-train does this, with parallelism applied between build and init)::
 
-    spec = get_model_spec("llama3")   # or "qwen3", "qwen3_moe", "hyena"
+    spec = get_model_spec("llama3")   # or "qwen3", "qwen3_moe", "deepseek_v3", "hyena"
     args = spec.args_for("debug")
     with torch.device("meta"):
         model = spec.model_cls(args)
@@ -16,9 +16,9 @@ Generation (Llama 3 with a KV cache, Hyena with exact online long convolutions):
     new_tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, strategy="flash")
 """
 
-from titan_models import hyena, llama3, moe, qwen3
+from titan_models import deepseek_v3, hyena, llama3, mla, moe, qwen3
 from titan_models.hyena import HyenaArgs, HyenaLM
-from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling
+from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling, YarnScaling
 from titan_models.plan import ModelPlan
 from titan_models.registry import ModelSpec, get_model_spec, list_models, register_model
 
@@ -32,11 +32,14 @@ __all__ = [
     "ModelPlan",
     "ModelSpec",
     "RopeScaling",
+    "YarnScaling",
     "__version__",
+    "deepseek_v3",
     "get_model_spec",
     "hyena",
     "list_models",
     "llama3",
+    "mla",
     "moe",
     "qwen3",
     "register_model",

@@ -109,6 +109,19 @@ def _register_builtin_models() -> None:
                 hf_adapter=adapter,
             )
         )
+    from titan_models.deepseek_v3 import FLAVORS as DEEPSEEK_V3_FLAVORS
+    from titan_models.deepseek_v3 import DeepseekV3HFAdapter, deepseek_v3_plan
+
+    register_model(
+        ModelSpec(
+            name="deepseek_v3",
+            flavors=DEEPSEEK_V3_FLAVORS,
+            model_cls=Llama3,  # the shared decoder: MLA and the DeepSeek MoE are fields of its args
+            plan=deepseek_v3_plan,
+            flops_per_token=flops_per_token,
+            hf_adapter=DeepseekV3HFAdapter,
+        )
+    )
     register_model(
         ModelSpec(
             name="hyena",

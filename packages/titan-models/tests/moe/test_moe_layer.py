@@ -179,3 +179,38 @@ def test_a_compiled_sparse_block_compiles_once_whatever_the_routing():
         loads.add(tuple(routed.tokens_per_expert.tolist()))
     assert len(loads) > 1  # the routing did change
     assert counter.frame_count == 1
+
+
+def test_group_limited_routing_picks_experts_of_the_best_groups_only():
+    """DeepSeek-V3's node-limited routing: 8 experts in 4 groups of 2, each token routed within its 2 best
+    groups (scored by the sum of their two selection scores), whatever its single best experts elsewhere."""
+    from titan_models.moe.router import TopKRouter
+
+    moe = MoEArgs(num_experts=8, top_k=2, hidden_dim=4, score_func="sigmoid", num_expert_groups=4,
+                  num_limited_groups=2)  # fmt: skip
+    router = TopKRouter(4, moe)
+    with torch.no_grad():
+        router.gate.weight.copy_(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
+    tokens = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+    routing = router(tokens)
+    scores = routing.scores
+    best_groups = scores.view(64, 4, 2).sum(-1).topk(2, dim=-1).indices  # two experts per group: their sum
+    for token in range(64):
+        assert set((routing.experts[token] // 2).tolist()) <= set(best_groups[token].tolist()), token
+    ungrouped = TopKRouter(4, MoEArgs(num_experts=8, top_k=2, hidden_dim=4, score_func="sigmoid"))
+    ungrouped.load_state_dict(router.state_dict())
+    assert not torch.equal(ungrouped(tokens).experts.sort(-1).values, routing.experts.sort(-1).values)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(num_expert_groups=3), "num_expert_groups=3 must be a positive divisor of num_experts=8"),
+        (dict(num_expert_groups=8), "each group needs 2 experts"),
+        (dict(num_expert_groups=4, num_limited_groups=5), "num_limited_groups=5 must be between 1 and"),
+        (dict(num_expert_groups=4, num_limited_groups=1, top_k=3), "top_k=3 exceeds the 2 experts"),
+    ],
+)
+def test_impossible_expert_groups_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        MoEArgs(**{"num_experts": 8, "top_k": 2, **fields}).validate()

@@ -1,7 +1,9 @@
 """Incremental Llama 3 decoding with a KV cache, using a Llama3's weights as they are.
 
 The training forward (model.py) stays as it is; this walks the same modules, keeping each layer's rotated
-keys and values so a new token attends to the cache instead of recomputing the prefix.
+keys and values so a new token attends to the cache instead of recomputing the prefix. Multi-head latent
+attention (DeepSeek-V3) caches its expanded per-head keys and values the same way (not the compressed latent
+its design would allow: simple, and as exact).
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ class LlamaDecoder:
         self.model, self.max_len = model, max_len
         weight = model.output.weight
         # RoPE angles for every position we may reach (the model's table stops at max_seq_len).
-        self.freqs_cis = precompute_freqs_cis(args.head_dim, max_len, args.rope_theta, args.rope_scaling, weight.device)
-        shape = (batch_size, max_len, args.num_kv_heads, args.head_dim)
-        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
-        self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in model.layers]
+        rope_dim = args.rope_head_dim
+        self.freqs_cis = precompute_freqs_cis(rope_dim, max_len, args.rope_theta, args.rope_scaling, weight.device)
+        if args.mla is None:
+            heads, key_dim, value_dim = args.num_kv_heads, args.head_dim, args.head_dim
+        else:
+            heads, key_dim, value_dim = args.n_heads, args.mla.qk_head_dim, args.mla.v_head_dim
+        self.keys = [weight.new_zeros(batch_size, max_len, heads, key_dim) for _ in model.layers]
+        self.values = [weight.new_zeros(batch_size, max_len, heads, value_dim) for _ in model.layers]
         # False where a row's prompt was left-padded: no query attends to those keys.
         self.key_valid = torch.ones(batch_size, max_len, dtype=torch.bool, device=weight.device)
         self.t = 0
@@ -71,8 +77,9 @@ class LlamaDecoder:
             n_rep = xq.shape[2] // keys.shape[2]
             keys, values = repeat_kv(keys, n_rep), repeat_kv(values, n_rep)
             out = F.scaled_dot_product_attention(
-                xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-            )
+                xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+                scale=attention.inner_attention.scale,
+            )  # fmt: skip
             h = h + attention.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
             h = h + layer.feed_forward_with_routing(layer.ffn_norm(h))[0]
         self.t = end

@@ -1,6 +1,6 @@
 """Llama 3 / 3.1 (Meta, "The Llama 3 Herd of Models"), TorchTitan's layout."""
 
-from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.llama3.args import Llama3Args, RopeScaling, YarnScaling
 from titan_models.llama3.flavors import FLAVORS
 from titan_models.llama3.flops import count_params, flops_per_token, num_params
 from titan_models.llama3.hf import Llama3HFAdapter, args_from_hf_config, hf_config
@@ -13,6 +13,7 @@ __all__ = [
     "Llama3HFAdapter",
     "RopeScaling",
     "Transformer",
+    "YarnScaling",
     "Llama3",
     "args_from_hf_config",
     "count_params",

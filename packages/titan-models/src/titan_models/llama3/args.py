@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titan_models.mla.args import MLAArgs
 from titan_models.moe.args import MoEArgs
 
 
@@ -23,6 +24,23 @@ class RopeScaling:
     """Wavelengths shorter than original_max_position_embeddings / high_freq_factor are left unchanged."""
     original_max_position_embeddings: int = 8192
     """Context length the unscaled model was trained at."""
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (Peng et al., "YaRN"; "yarn" rope_type in Hugging Face), as DeepSeek-V3 uses it.
+
+    Frequencies that turn fewer than `beta_slow` times over the original context are divided by `factor`,
+    those turning more than `beta_fast` times kept, with a linear ramp between. The rotated parts are scaled
+    by mscale(factor, mscale) / mscale(factor, mscale_all_dim) (or mscale(factor) when either is 0), and the
+    attention softmax scale by mscale(factor, mscale_all_dim) ** 2, where mscale(s, m) = 0.1 m ln(s) + 1."""
+
+    factor: float = 40.0
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 1.0
 
 
 @dataclass
@@ -52,8 +70,8 @@ class Llama3Args:
     """Epsilon inside RMSNorm."""
     rope_theta: float = 500000.0
     """RoPE base: the angle of pair i at position p is p * rope_theta ** (-2i / head_dim)."""
-    rope_scaling: RopeScaling | None = None
-    """Llama 3.1 long-context frequency scaling; None for plain RoPE."""
+    rope_scaling: RopeScaling | YarnScaling | None = None
+    """Llama 3.1 long-context frequency scaling, or YaRN's (DeepSeek-V3); None for plain RoPE."""
     max_seq_len: int = 2048
     """Length of the precomputed RoPE table; positions must be smaller than this."""
     tie_word_embeddings: bool = False
@@ -64,6 +82,9 @@ class Llama3Args:
     with dim 1024 and 16 heads)."""
     qk_norm: bool = False
     """RMSNorm over each head's query and key, before RoPE (Qwen3)."""
+    mla: MLAArgs | None = None
+    """Multi-head latent attention (DeepSeek-V2 / V3) instead of grouped-query attention; n_kv_heads,
+    attention_head_dim and qk_norm then do not apply."""
     moe: MoEArgs | None = None
     """Mixture-of-experts feed-forward layers (which ones: moe.sparse_step and moe.dense_layers); None: every
     layer is a dense SwiGLU."""
@@ -74,6 +95,11 @@ class Llama3Args:
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.dim // self.n_heads
+
+    @property
+    def rope_head_dim(self) -> int:
+        """Width of the part of a head RoPE rotates: the whole head, or MLA's rotary part."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
 
     def is_sparse(self, layer_id: int) -> bool:
         """Whether block `layer_id` holds a mixture of experts instead of a dense SwiGLU."""
@@ -127,6 +153,10 @@ class Llama3Args:
                 f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
                 f"each key/value head must serve the same number of query heads"
             )
+        if self.mla is not None:
+            if not isinstance(self.mla, MLAArgs):
+                raise ValueError(f"Llama3Args.mla={self.mla!r} must be an MLAArgs or None")
+            self.mla.validate("Llama3Args.mla")
         if self.moe is not None:
             if not isinstance(self.moe, MoEArgs):
                 raise ValueError(f"Llama3Args.moe={self.moe!r} must be a MoEArgs or None")
@@ -142,9 +172,16 @@ class Llama3Args:
         if not self.rope_theta > 0:
             raise ValueError(f"Llama3Args.rope_theta={self.rope_theta!r} must be > 0")
         scaling = self.rope_scaling
-        if scaling is not None:
+        if isinstance(scaling, YarnScaling):
+            if not scaling.factor > 0 or scaling.original_max_position_embeddings <= 0:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling={scaling}: factor and original_max_position_embeddings must be > 0"
+                )
+            if not scaling.beta_fast > scaling.beta_slow > 0:
+                raise ValueError(f"Llama3Args.rope_scaling={scaling}: need beta_fast > beta_slow > 0")
+        elif scaling is not None:
             if not isinstance(scaling, RopeScaling):
-                raise ValueError(f"Llama3Args.rope_scaling={scaling!r} must be a RopeScaling or None")
+                raise ValueError(f"Llama3Args.rope_scaling={scaling!r} must be a RopeScaling, a YarnScaling or None")
             if not scaling.factor > 0:
                 raise ValueError(f"Llama3Args.rope_scaling.factor={scaling.factor!r} must be > 0")
             if not 0 < scaling.low_freq_factor < scaling.high_freq_factor:

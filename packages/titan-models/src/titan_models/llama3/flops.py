@@ -24,9 +24,7 @@ def num_params(model: nn.Module, exclude_embedding: bool = True) -> int:
 def count_params(args: Llama3Args, exclude_embedding: bool = True, active: bool = False) -> int:
     """num_params of Llama3(args), from the shapes alone. active: count only what one token computes with
     (in a sparse layer the router, top_k routed experts and the shared experts), as MFU needs."""
-    q_dim = args.n_heads * args.head_dim
-    kv_dim = args.num_kv_heads * args.head_dim
-    attention = 2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0)
+    attention = _attention_params(args)
     norms = 2 * args.dim
     total = args.dim + args.vocab_size * args.dim
     for layer_id in range(args.n_layers):
@@ -34,6 +32,18 @@ def count_params(args: Llama3Args, exclude_embedding: bool = True, active: bool 
     if not exclude_embedding and not args.tie_word_embeddings:
         total += args.vocab_size * args.dim
     return total
+
+
+def _attention_params(args: Llama3Args) -> int:
+    mla = args.mla
+    if mla is None:
+        q_dim, kv_dim = args.n_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        return 2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0)
+    q_width = args.n_heads * mla.qk_head_dim
+    queries = args.dim * q_width if mla.q_lora_rank is None else mla.q_lora_rank * (args.dim + 1 + q_width)
+    keys_values = args.dim * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+    keys_values += mla.kv_lora_rank * args.n_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return queries + keys_values + args.n_heads * mla.v_head_dim * args.dim
 
 
 def _feed_forward_params(args: Llama3Args, layer_id: int, active: bool) -> int:
@@ -45,14 +55,16 @@ def _feed_forward_params(args: Llama3Args, layer_id: int, active: bool) -> int:
 
 
 def flops_per_token(args: Llama3Args, seq_len: int) -> int:
-    """Training FLOPs per token: 6 * N + 12 * n_layers * n_heads * head_dim * seq_len.
+    """Training FLOPs per token: 6 * N + 6 * n_layers * n_heads * (qk_head_dim + v_head_dim) * seq_len (12 *
+    n_layers * n_heads * head_dim * seq_len where queries, keys and values share one head width).
 
     6 * N (N = non-embedding parameters a token is computed with: a mixture of experts counts its active
     experts only, so MFU is not inflated by experts a token never visits): each weight does one
     multiply-add (2 FLOPs) per token in the forward pass and two in the backward pass (gradients w.r.t.
     inputs and weights). The second term is the attention scores (QK^T) and weighted values (AV), which
-    have no parameters: 2 matmuls of n_heads * head_dim * seq_len multiply-adds per token per layer,
+    have no parameters: n_heads * (qk_head_dim + v_head_dim) * seq_len multiply-adds per token per layer,
     times 3 for fwd + bwd, times 2 FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022,
     appendix B) and TorchTitan.
     """
-    return 6 * count_params(args, active=True) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    qk, v = (args.mla.qk_head_dim, args.mla.v_head_dim) if args.mla is not None else (args.head_dim, args.head_dim)
+    return 6 * count_params(args, active=True) + 6 * args.n_layers * args.n_heads * (qk + v) * seq_len

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.llama3.args import Llama3Args, RopeScaling, YarnScaling
+from titan_models.mla.args import MLAArgs
 from titan_models.moe.args import MoEArgs
 
 
@@ -22,7 +23,10 @@ def args_from_dict(fields: dict[str, Any]) -> Llama3Args:
     if unknown:
         raise ValueError(f"Llama3Args has no field(s) {', '.join(unknown)}; was this written by a newer titan-models?")
     if isinstance(fields.get("rope_scaling"), dict):
-        fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
+        scaling = fields["rope_scaling"]
+        fields["rope_scaling"] = YarnScaling(**scaling) if "beta_fast" in scaling else RopeScaling(**scaling)
+    if isinstance(fields.get("mla"), dict):
+        fields["mla"] = MLAArgs(**fields["mla"])
     if isinstance(fields.get("moe"), dict):
         moe = dict(fields["moe"])
         moe["dense_layers"] = tuple(moe.get("dense_layers", ()))

@@ -11,6 +11,7 @@ from torch import nn
 
 from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
+from titan_models.mla.attention import MultiHeadLatentAttention
 from titan_models.moe import MoE, RoutedTokens, add_aux_loss_grad, load_balance_loss
 from titan_models.seeded_init import SeededInit
 
@@ -47,9 +48,11 @@ class ScaledDotProductAttention(nn.Module):
     replaces it with ring attention by name (the plan's `attention_fqns`), with no change to this file.
     """
 
-    def __init__(self, is_causal: bool = True):
+    def __init__(self, is_causal: bool = True, scale: float | None = None):
         super().__init__()
         self.is_causal = is_causal
+        self.scale = scale
+        """The softmax scale; None: 1 / sqrt(the query's head width)."""
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
@@ -57,8 +60,9 @@ class ScaledDotProductAttention(nn.Module):
         """document_ids [bs, seqlen]: block-causal attention, a token sees only earlier tokens of its own
         document (packed sequences); None: plain causal."""
         if document_ids is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(document_ids, self.is_causal))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
+        mask = block_causal_mask(document_ids, self.is_causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
 
 
 def block_causal_mask(document_ids: torch.Tensor, causal: bool = True) -> torch.Tensor:
@@ -146,11 +150,12 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: attention then SwiGLU, or a mixture of SwiGLU experts in a sparse layer."""
+    """Pre-norm residual block: attention (grouped-query, or multi-head latent with args.mla) then SwiGLU, or a
+    mixture of SwiGLU experts in a sparse layer."""
 
     def __init__(self, layer_id: int, args: Llama3Args):
         super().__init__()
-        self.attention = Attention(args)
+        self.attention = MultiHeadLatentAttention(args) if args.mla is not None else Attention(args)
         self.feed_forward: FeedForward | MoE
         if args.is_sparse(layer_id):
             shared = args.moe.num_shared_experts * args.moe.hidden_dim
@@ -235,7 +240,7 @@ class Llama3(nn.Module):
 
     def _precompute_freqs_cis(self, device: torch.device | str | None = None) -> torch.Tensor:
         args = self.args
-        return precompute_freqs_cis(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device)
+        return precompute_freqs_cis(args.rope_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device)
 
     def init_weights(self, buffer_device: torch.device | str | None = None, seed: int | None = None) -> None:
         """Recompute freqs_cis and initialize every parameter this (possibly partial) model holds.

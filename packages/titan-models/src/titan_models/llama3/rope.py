@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from titan_models.llama3.args import RopeScaling
+from titan_models.llama3.args import RopeScaling, YarnScaling
 
 
 def scale_frequencies(freqs: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -28,24 +28,62 @@ def scale_frequencies(freqs: torch.Tensor, scaling: RopeScaling) -> torch.Tensor
     return torch.where(wavelen < high_freq_wavelen, freqs, scaled)
 
 
+def _mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_frequencies(freqs: torch.Tensor, head_dim: int, theta: float, scaling: YarnScaling) -> torch.Tensor:
+    """YaRN's blend of the original frequencies and those divided by `factor`, as Hugging Face computes it
+    (`_compute_yarn_parameters`, with its default truncation of the ramp's ends)."""
+
+    def turning_dim(rotations: float) -> float:  # the pair index that turns `rotations` times over the context
+        context = scaling.original_max_position_embeddings
+        return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(turning_dim(scaling.beta_fast)), 0)
+    high = min(math.ceil(turning_dim(scaling.beta_slow)), head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=freqs.device) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1 where a pair keeps its frequency (fast), 0 where it is interpolated (slow)
+    return freqs / scaling.factor * (1 - keep) + freqs * keep
+
+
+def rotation_magnitude(scaling: RopeScaling | YarnScaling | None) -> float:
+    """How much RoPE scales what it rotates: 1, except under YaRN (its attention factor)."""
+    if not isinstance(scaling, YarnScaling):
+        return 1.0
+    if scaling.mscale and scaling.mscale_all_dim:
+        return _mscale(scaling.factor, scaling.mscale) / _mscale(scaling.factor, scaling.mscale_all_dim)
+    return _mscale(scaling.factor)
+
+
+def softmax_scale_factor(scaling: RopeScaling | YarnScaling | None) -> float:
+    """What multiplies the attention's 1 / sqrt(head_dim): 1, except under YaRN with mscale_all_dim."""
+    if not isinstance(scaling, YarnScaling) or not scaling.mscale_all_dim:
+        return 1.0
+    return _mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+
+
 def precompute_freqs_cis(
     head_dim: int,
     end: int,
     theta: float,
-    scaling: RopeScaling | None = None,
+    scaling: RopeScaling | YarnScaling | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """Unit complex numbers exp(i * p * theta_k), shape [end, head_dim // 2], complex64.
+    """Complex numbers m * exp(i * p * theta_k), shape [end, head_dim // 2], complex64; m = 1 but under YaRN.
 
     Computed in float32 whatever the default dtype: bf16 angles at large positions are badly wrong.
     """
     exponents = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim
     freqs = 1.0 / (theta**exponents)
-    if scaling is not None:
+    if isinstance(scaling, YarnScaling):
+        freqs = yarn_frequencies(freqs, head_dim, theta, scaling)
+    elif scaling is not None:
         freqs = scale_frequencies(freqs, scaling)
     positions = torch.arange(end, device=device, dtype=torch.float32)
     angles = torch.outer(positions, freqs)
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.polar(torch.full_like(angles, rotation_magnitude(scaling)), angles)
 
 
 def _broadcastable(freqs_cis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,12 @@ class MoEArgs:
     num_shared_experts: int = 0
     """Experts every token goes through (DeepSeek-V3 / Qwen2-MoE style), computed as one SwiGLU of
     num_shared_experts * hidden_dim hidden units."""
+    num_expert_groups: int = 1
+    """Group-limited routing (DeepSeek-V3; HF: n_group): the experts form this many equal groups, each scored
+    by the sum of its two best selection scores; a token picks its top_k experts among the
+    num_limited_groups best groups only. 1: no groups."""
+    num_limited_groups: int = 1
+    """Groups a token may route to (HF: topk_group)."""
     sparse_step: int = 1
     """Layer i is sparse when (i + 1) % sparse_step == 0 (HF: decoder_sparse_step)."""
     dense_layers: tuple[int, ...] = ()
@@ -58,6 +64,22 @@ class MoEArgs:
                 raise ValueError(f"{owner}.{name}={value!r} must be a positive integer")
         if self.top_k > self.num_experts:
             raise ValueError(f"{owner}.top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        groups, limited = self.num_expert_groups, self.num_limited_groups
+        if not isinstance(groups, int) or groups < 1 or self.num_experts % groups:
+            raise ValueError(
+                f"{owner}.num_expert_groups={groups!r} must be a positive divisor of num_experts={self.num_experts}"
+            )
+        if groups > 1 and self.num_experts // groups < 2:
+            raise ValueError(
+                f"{owner}.num_expert_groups={groups}: each group needs 2 experts (it is scored by its best two)"
+            )
+        if not isinstance(limited, int) or not 1 <= limited <= groups:
+            raise ValueError(f"{owner}.num_limited_groups={limited!r} must be between 1 and num_expert_groups={groups}")
+        if self.top_k > limited * self.num_experts // groups:
+            raise ValueError(
+                f"{owner}.top_k={self.top_k} exceeds the {limited * self.num_experts // groups} experts of "
+                f"num_limited_groups={limited} groups; raise num_limited_groups"
+            )
         if self.score_func not in ("softmax", "sigmoid"):
             raise ValueError(f"{owner}.score_func={self.score_func!r} must be 'softmax' or 'sigmoid'")
         if self.load_balance not in LOAD_BALANCE_CHOICES:

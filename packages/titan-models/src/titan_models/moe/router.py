@@ -70,6 +70,8 @@ class TopKRouter(nn.Module):
         logits = F.linear(x.float(), local_tensor(self.gate.weight).float())
         scores = logits.softmax(dim=-1) if moe.score_func == "softmax" else logits.sigmoid()
         selection = scores + self.expert_bias if moe.load_balance == "aux_loss_free" else scores
+        if moe.num_expert_groups > 1:
+            selection = _within_best_groups(selection, moe.num_expert_groups, moe.num_limited_groups)
         experts = selection.topk(moe.top_k, dim=-1).indices
         weights = scores.gather(-1, experts)
         if moe.norm_topk_prob:
@@ -90,3 +92,13 @@ class TopKRouter(nn.Module):
     def reset_parameters(self, init, std: float = 0.02) -> None:
         init.trunc_normal_(self.gate.weight, std=std)
         self.expert_bias.zero_()
+
+
+def _within_best_groups(selection: torch.Tensor, groups: int, limited: int) -> torch.Tensor:
+    """`selection` [tokens, experts] with every expert outside each token's `limited` best groups at -inf; a
+    group's score is the sum of its two best selection scores (DeepSeek-V3's node-limited routing)."""
+    grouped = selection.view(selection.shape[0], groups, -1)
+    best = grouped.topk(2, dim=-1).values.sum(-1).topk(limited, dim=-1).indices
+    keep = torch.zeros(selection.shape[0], groups, dtype=torch.bool, device=selection.device)
+    keep.scatter_(1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(selection)

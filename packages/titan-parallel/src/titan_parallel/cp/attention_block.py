@@ -29,16 +29,23 @@ _FUSED = {
 }
 
 
-def pick_kernel(q: torch.Tensor, kernel: str) -> str:
+def pick_kernel(q: torch.Tensor, kernel: str, value_dim: int | None = None) -> str:
     """The block kernel for q's device and dtype: "auto" takes the fused one when there is one, "fused"
-    insists on it, "math" always uses the math path."""
+    insists on it, "math" always uses the math path. The fused kernels need values as wide as queries
+    (`value_dim`, default q's): multi-head latent attention's narrower values take the math path."""
     if kernel not in KERNELS:
         raise ValueError(f"ring attention kernel={kernel!r} is not one of {KERNELS}")
     if kernel == "math":
         return "math"
     name, dtypes = _FUSED.get(q.device.type, (None, ()))
-    if name is not None and q.dtype in dtypes:
+    same_width = value_dim in (None, q.shape[-1])
+    if name is not None and q.dtype in dtypes and same_width:
         return name
+    if kernel == "fused" and not same_width:
+        raise ValueError(
+            f"ring attention kernel='fused' needs values as wide as queries ({value_dim} vs {q.shape[-1]}); use "
+            "kernel='auto' or 'math'"
+        )
     if kernel == "fused":
         known = "; ".join(f"{device}: {', '.join(str(d) for d in dtypes)}" for device, (_, dtypes) in _FUSED.items())
         raise ValueError(

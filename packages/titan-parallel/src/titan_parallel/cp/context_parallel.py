@@ -75,19 +75,27 @@ class RingAttention(nn.Module):
     """Drop-in for an attention-kernel module (forward(q, k, v) -> out, [B, H, S_local, D], SDPA's layout) on
     a sequence sharded by `shard_sequence`: ring attention over the context-parallel group."""
 
-    def __init__(self, cp_mesh: DeviceMesh | dist.ProcessGroup, *, is_causal: bool, variant: str, kernel: str):
+    def __init__(
+        self,
+        cp_mesh: DeviceMesh | dist.ProcessGroup,
+        *,
+        is_causal: bool,
+        variant: str,
+        kernel: str,
+        scale: float | None = None,
+    ):
         super().__init__()
         group = cp_group(cp_mesh)
         # Plain values, resolved here outside any compiled region: the op takes the group by name.
         self.group_name, self.cp = group.group_name, dist.get_world_size(group)
-        self.is_causal, self.variant, self.kernel = is_causal, variant, kernel
+        self.is_causal, self.variant, self.kernel, self.scale = is_causal, variant, kernel, scale
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         """document_ids: this rank's shard [B, S_local] of each token's document (block-causal attention)."""
         return ring_attention_by_name(
-            q, k, v, self.group_name, self.cp, self.is_causal, None, self.variant, self.kernel, document_ids
+            q, k, v, self.group_name, self.cp, self.is_causal, self.scale, self.variant, self.kernel, document_ids
         )
 
     def extra_repr(self) -> str:
@@ -106,7 +114,7 @@ def apply_cp(
     """Swap the modules matching `attention_fqns` (patterns, "*" matches one name; e.g.
     "layers.*.attention.inner_attention") for context-parallel attention over `cp_mesh`. In place; returns
     the FQNs swapped. Each must compute attention from (q, k, v) alone; its `is_causal` attribute (default
-    True) is kept. The model is then fed `shard_sequence`'d inputs, and its positions (RoPE) must follow
+    True) and softmax `scale` (default None: 1 / sqrt(head width)) are kept. The model is then fed `shard_sequence`'d inputs, and its positions (RoPE) must follow
     `load_balanced_positions`.
 
     `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
@@ -123,12 +131,14 @@ def apply_cp(
     for fqn, module in list(model.named_modules()):
         if not any(_matches(pattern, fqn) for pattern in attention_fqns):
             continue
-        is_causal = getattr(module, "is_causal", True)
+        is_causal, scale = getattr(module, "is_causal", True), getattr(module, "scale", None)
         if implementation == "torch":
+            if scale is not None:
+                raise ValueError(f"{fqn}: a softmax scale of its own ({scale}) needs implementation='titan'")
             _apply_torch_cp(module, cp_mesh, variant)
         else:
             parent, _, name = fqn.rpartition(".")
-            ring = RingAttention(cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel)
+            ring = RingAttention(cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel, scale=scale)
             setattr(model.get_submodule(parent), name, ring)
         swapped.append(fqn)
     if not swapped and attention_fqns:

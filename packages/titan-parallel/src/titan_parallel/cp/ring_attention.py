@@ -89,7 +89,7 @@ def ring_attention_by_name(
             f"document_ids {tuple(document_ids.shape)} must be [batch, local length] = {(q.shape[0], q.shape[2])}"
         )
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    kernel = pick_kernel(q, kernel) if document_ids is None else "math"
+    kernel = pick_kernel(q, kernel, v.shape[-1]) if document_ids is None else "math"
     out, _ = _ring_forward(q, k, v, group_name, causal, scale, variant, kernel, document_ids)
     return out
 
