@@ -114,8 +114,8 @@ def apply_cp(
     """Swap the modules matching `attention_fqns` (patterns, "*" matches one name; e.g.
     "layers.*.attention.inner_attention") for context-parallel attention over `cp_mesh`. In place; returns
     the FQNs swapped. Each must compute attention from (q, k, v) alone; its `is_causal` attribute (default
-    True) and softmax `scale` (default None: 1 / sqrt(head width)) are kept. The model is then fed `shard_sequence`'d inputs, and its positions (RoPE) must follow
-    `load_balanced_positions`.
+    True) and softmax `scale` (default None: 1 / sqrt(head width)) are kept. The model is then fed
+    `shard_sequence`'d inputs, and its positions (RoPE) must follow `load_balanced_positions`.
 
     `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
     attention, any device) or "torch" (torch's experimental context parallelism, CUDA only: its sharding
