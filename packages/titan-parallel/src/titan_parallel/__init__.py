@@ -65,7 +65,7 @@ from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.moe_parallel import MoETensorParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.20.0"
+__version__ = "0.21.0"
 
 __all__ = [
     "ACGranularity",
