@@ -11,7 +11,10 @@ import os
 
 MULTI_STAGE_SCHEDULES = {"Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 # Llama's and Hyena's (mixer) projections.
-COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "mixer.in_proj")
+COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3", "mixer.in_proj",
+           "attention.wq_b", "attention.wkv_b")  # fmt: skip
+# Multi-head latent attention's latent projections and norms: sequence-parallel, weights replicated.
+SEQUENCE_PARALLEL_LATENT = ("attention.wq_a", "attention.q_norm", "attention.wkv_a", "attention.kv_norm")
 ROWWISE = ("attention.wo", "feed_forward.w2", "mixer.out_proj")
 
 
@@ -101,6 +104,14 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
             assert not data_dims & set(sharded_on), f"{where} {name}: {p}"
         if tp > 1 and name.split(".")[0] == "layers":
             layer = next((s for s in (*COLWISE, *ROWWISE) if f".{s}.weight" in name), None)
+            if o.get("model.name") == "deepseek_v3" and name.endswith(".attention.wkv_a.weight"):
+                rope_key = part["tp_styles"].get(name.replace(".wkv_a.weight", ".rope_key"))
+                assert rope_key == "SharedInputParallel", f"{where} {name}: rotary key style {rope_key}"
+            latent = next((s for s in SEQUENCE_PARALLEL_LATENT if f".{s}.weight" in name), None)
+            if latent is not None and o.get("model.name") == "deepseek_v3":
+                assert sharded_on.get("tp") == "R", f"{where} {name}: tp placement {p}"
+                style = part["tp_styles"].get(name.removesuffix(".weight"))
+                assert style == "SequenceParallel", f"{where} {name}: tp style {style}"
             if layer is not None:
                 want = "S(0)" if layer in COLWISE else "S(1)"
                 assert sharded_on.get("tp") == want, f"{where} {name}: tp placement {p}"
@@ -125,7 +136,10 @@ def _assert_moe_tensor_parallel(part: dict, where: str, ep: int) -> None:
         style = part["tp_styles"].get(f"{fqn}.feed_forward")
         assert style == "MoETensorParallel", f"{where} {fqn}.feed_forward: tp style {style}"
         hidden = (("experts.w1", "S(2)"), ("experts.w3", "S(2)"), ("experts.w2", "S(1)")) if ep == 1 else ()
-        for name, want in (*hidden, ("router.gate.weight", "R")):
+        shared = (("shared_experts.w1.weight", "S(0)"), ("shared_experts.w3.weight", "S(0)"),
+                  ("shared_experts.w2.weight", "S(1)"))  # fmt: skip
+        shared = shared if f"{fqn}.feed_forward.shared_experts.w1.weight" in part["params"] else ()
+        for name, want in (*hidden, *shared, ("router.gate.weight", "R")):
             p = part["params"][f"{fqn}.feed_forward.{name}"]
             placement = dict(zip(p["mesh"], p["placements"], strict=True)).get("tp")
             assert placement == want, f"{where} {fqn}.feed_forward.{name}: tp placement {p}"

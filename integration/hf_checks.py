@@ -1,5 +1,5 @@
-"""What the Hugging Face round-trip tests (Llama 3, Qwen3, Qwen3-MoE) compare against: transformers' own view
-of a folder, the reference every model family is checked with."""
+"""What the Hugging Face round-trip tests (Llama 3, Qwen3, Qwen3-MoE, DeepSeek-V3) compare against: transformers'
+own view of a folder, the reference every model family is checked with; and our model built from it."""
 
 import os
 import subprocess
@@ -15,6 +15,23 @@ from launch_helpers import ROOT, _env
 
 BIN = Path(sys.executable).parent
 TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
+
+
+def tokens(seed: int = 0) -> torch.Tensor:
+    """Two rows of 40 token ids of the 2048-token vocabulary the tiny test folders use."""
+    return torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(seed))
+
+
+def ours_from(folder):
+    """(model name, our model) built from the folder's config.json alone, its weights loaded."""
+    from titan_checkpoint import adapter_from_hf_folder, load_hf_into_model
+    from titan_models import get_model_spec
+
+    name, adapter = adapter_from_hf_folder(folder)
+    model = get_model_spec(name).model_cls(adapter.args)
+    model.init_weights(seed=123)
+    load_hf_into_model(model, folder, adapter)
+    return name, model
 
 
 def hf_model(folder) -> torch.nn.Module:

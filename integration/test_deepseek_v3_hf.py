@@ -17,10 +17,15 @@ import torch
 # The integration session installs transformers (nox -s integration).
 import transformers
 
-from hf_checks import assert_titan_generate_equals_transformers_greedy, first_batch_loss_by_transformers, hf_model
+from hf_checks import (
+    assert_titan_generate_equals_transformers_greedy,
+    first_batch_loss_by_transformers,
+    hf_model,
+    ours_from,
+    tokens,
+)
 from launch_helpers import ROOT, _env
-from titan_checkpoint import ModelState, adapter_from_hf_folder, load_checkpoint, load_hf_into_model
-from titan_models import get_model_spec
+from titan_checkpoint import ModelState, load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 SEQ_LEN, BATCH = 64, 2
@@ -55,18 +60,6 @@ def hf_folder(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param) / "hf"
     model.save_pretrained(folder)
     return request.param, folder
-
-
-def tokens(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(seed))
-
-
-def ours_from(folder):
-    name, adapter = adapter_from_hf_folder(folder)
-    model = get_model_spec(name).model_cls(adapter.args)
-    model.init_weights(seed=123)
-    load_hf_into_model(model, folder, adapter)
-    return name, model
 
 
 def test_the_folder_alone_builds_our_model_with_transformers_logits(hf_folder):

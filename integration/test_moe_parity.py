@@ -69,6 +69,8 @@ CASES = [
      [*EP2, "--activation_checkpoint.mode", "full"]),
     ("deepseek_ep2_compile_ac_op", 2, 2, (*DEEPSEEK, *SEQUENCE_AUX), [*EP2, "--compile.enable", "true",
                                                                      "--activation_checkpoint.mode", "selective"]),
+    ("deepseek_tp2_aux_free", 2, 1, (*DEEPSEEK, *AUX_FREE), [*TP2]),
+    ("deepseek_fsdp2_tp2_ep2_sequence_aux", 4, 2, (*DEEPSEEK, *SEQUENCE_AUX), [*TP2, *EP2]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

@@ -75,10 +75,24 @@ class Experts(nn.Module):
         return torch.einsum("rh,rhd->rd", hidden, w2[expert_of_row])
 
 
-class ToyMoE(nn.Module):
+class SharedExperts(nn.Module):
+    """Every token's SwiGLU, computed from its weights' local parts (as titan_models' SharedExperts)."""
+
     def __init__(self):
         super().__init__()
-        self.router, self.experts, self.shared_experts = Router(), Experts(), None
+        self.w1, self.w3 = nn.Linear(DIM, HIDDEN, bias=False), nn.Linear(DIM, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w1, w2, w3 = (local(linear.weight) for linear in (self.w1, self.w2, self.w3))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+class ToyMoE(nn.Module):
+    def __init__(self, shared: bool = False):
+        super().__init__()
+        self.router, self.experts = Router(), Experts()
+        self.shared_experts = SharedExperts() if shared else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bs, seqlen, dim = x.shape
@@ -87,6 +101,8 @@ class ToyMoE(nn.Module):
         token_of = torch.arange(tokens.shape[0]).repeat_interleave(TOP_K)
         out = self.experts(tokens[token_of], routing.experts.reshape(-1)) * routing.weights.reshape(-1, 1)
         out = torch.zeros_like(tokens).index_add_(0, token_of, out)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
         aux = (routing.scores**2).sum()  # whole on every rank, like the auxiliary losses
         return out.reshape(bs, seqlen, dim), aux
 
@@ -100,8 +116,8 @@ class SortedExperts(Experts):
 
 
 class SortedToyMoE(ToyMoE):
-    def __init__(self):
-        super().__init__()
+    def __init__(self, shared: bool = False):
+        super().__init__(shared)
         self.experts = SortedExperts()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +129,8 @@ class SortedToyMoE(ToyMoE):
         offsets = torch.bincount(routing.experts.reshape(-1), minlength=EXPERTS).cumsum(0)
         out = self.experts(tokens[token_of], offsets) * routing.weights.reshape(-1, 1)[order]
         out = torch.zeros_like(tokens).index_add_(0, token_of, out)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
         return out.reshape(bs, seqlen, dim), (routing.scores**2).sum()
 
 
@@ -124,13 +142,21 @@ def case_with_expert_parallel() -> None:
     _check_against_one_rank(expert_parallel=True)
 
 
-def _check_against_one_rank(expert_parallel: bool) -> None:
+def case_with_shared_experts() -> None:
+    _check_against_one_rank(expert_parallel=False, shared=True)
+
+
+def case_with_shared_experts_and_expert_parallel() -> None:
+    _check_against_one_rank(expert_parallel=True, shared=True)
+
+
+def _check_against_one_rank(expert_parallel: bool, shared: bool = False) -> None:
     rank, tp = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
     torch.manual_seed(0)
     layer = SortedToyMoE if expert_parallel else ToyMoE
-    reference = layer()
-    sharded = layer()
+    reference = layer(shared)
+    sharded = layer(shared)
     sharded.load_state_dict(reference.state_dict())
     apply_tp(sharded, mesh, {"": MoETensorParallel(expert_parallel=expert_parallel)})
     if expert_parallel:
@@ -151,7 +177,18 @@ def _check_against_one_rank(expert_parallel: bool) -> None:
     for name, dim in (("w1", 2), ("w3", 2), ("w2", 1)):
         want = getattr(reference.experts, name).grad.chunk(tp, dim=0 if expert_parallel else dim)[rank]
         torch.testing.assert_close(local(getattr(sharded.experts, name).grad), want, **TOL, msg=name)
+    for name, dim in (("w1", 0), ("w3", 0), ("w2", 1)) if shared else ():
+        want = getattr(reference.shared_experts, name).weight.grad.chunk(tp, dim=dim)[rank]
+        got = local(getattr(sharded.shared_experts, name).weight.grad)
+        torch.testing.assert_close(got, want, **TOL, msg=f"shared {name}")
 
 
 if __name__ == "__main__":
-    run_cases(lambda: {"matches_one_rank": case_matches_one_rank, "with_expert_parallel": case_with_expert_parallel})
+    run_cases(
+        lambda: {
+            "matches_one_rank": case_matches_one_rank,
+            "with_expert_parallel": case_with_expert_parallel,
+            "with_shared_experts": case_with_shared_experts,
+            "with_shared_experts_and_expert_parallel": case_with_shared_experts_and_expert_parallel,
+        }
+    )

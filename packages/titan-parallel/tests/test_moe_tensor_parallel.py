@@ -1,5 +1,6 @@
 """Tensor parallelism of a mixture-of-experts layer: against the one-rank layer on 2 and 4 gloo ranks
-(moe_tp_script.py), alone and beside expert parallelism over the tp ranks, and the layers it refuses."""
+(moe_tp_script.py), alone and beside expert parallelism over the tp ranks, with and without shared experts, and
+the layers it refuses."""
 
 import sys
 from pathlib import Path
@@ -21,7 +22,12 @@ SCRIPT = Path(__file__).with_name("moe_tp_script.py")
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_gradient_equals_the_one_rank_layer(world):
     output = launch(SCRIPT, world)
-    cases = ("matches_one_rank", "with_expert_parallel")
+    cases = (
+        "matches_one_rank",
+        "with_expert_parallel",
+        "with_shared_experts",
+        "with_shared_experts_and_expert_parallel",
+    )
     missing = [f"rank {r} {c}" for r in range(world) for c in cases if f"rank {r} {c} ok" not in output]
     assert not missing, f"not ok: {missing}\n{output[-6000:]}"
 
@@ -31,11 +37,10 @@ def test_a_layer_without_router_or_experts_is_refused(one_rank_mesh):
         apply_tp(nn.Sequential(nn.Linear(2, 2)), one_rank_mesh, {"0": MoETensorParallel()})
 
 
-def test_shared_experts_are_refused(one_rank_mesh):
-    layer = ToyMoE()
-    layer.shared_experts = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="ToyMoE has shared experts"):
-        apply_tp(layer, one_rank_mesh, {"": MoETensorParallel()})
+def test_shared_experts_are_split_on_their_hidden_units(one_rank_mesh):
+    layer = apply_tp(ToyMoE(shared=True), one_rank_mesh, {"": MoETensorParallel()})
+    shared = layer.shared_experts
+    assert shared.w1.weight.placements[0].dim == 0 and shared.w2.weight.placements[0].dim == 1
 
 
 def test_a_declared_style_becomes_moe_tensor_parallel(one_rank_mesh):

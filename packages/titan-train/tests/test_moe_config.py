@@ -68,9 +68,8 @@ MOE = ["--model.name", "qwen3_moe", "--model.flavor", "tiny"]  # 8 experts
         ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
           "--parallelism.context_parallel_degree", "2"], 4,
          "a multiple of parallelism.context_parallel_degree x parallelism.tensor_parallel_degree = 4"),
-        (["--model.name", "deepseek_v3", "--model.flavor", "tiny", "--parallelism.tensor_parallel_degree", "2"], 2,
-         "parallelism.tensor_parallel_degree=2 with model.name='deepseek_v3': tensor parallelism of multi-head "
-         "latent attention (DeepSeek-V3) is not supported yet"),
+        (["--model.name", "deepseek_v3", "--model.flavor", "tiny", "--parallelism.tensor_parallel_degree", "3"], 3,
+         "parallelism.tensor_parallel_degree=3 does not divide n_heads=4 (model.flavor='tiny')"),
         ([*MOE, "--parallelism.expert_parallel_degree", "2", "--parallelism.fsdp_implementation", "simple_fsdp"], 2,
          "use parallelism.fsdp_implementation='fsdp2'"),
     ],

@@ -37,3 +37,13 @@ class ExpertsHiddenShard:
     tensors (`local_tensor`). titan-parallel applies it as MoETensorParallel."""
 
     parallel_style: ClassVar[str] = "experts_hidden_shard"
+
+
+@dataclass(frozen=True)
+class HeadsShareInput:
+    """For a module whose input is sequence-sharded between blocks and read alike by every attention head (MLA's
+    rotary key, one head for all): every rank gathers the whole sequence; the gradient it computes is its own
+    heads' share, a partial sum, reduce-scattered back over the sequence. The module's output is a plain local
+    tensor. titan-parallel applies it as SharedInputParallel."""
+
+    parallel_style: ClassVar[str] = "heads_share_input"

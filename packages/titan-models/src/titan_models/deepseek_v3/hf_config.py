@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from titan_models.llama3.args import Llama3Args, YarnScaling
+from titan_models.llama3.hf_config import with_token_ids
 from titan_models.mla.args import MLAArgs
 from titan_models.moe.args import MoEArgs
 
@@ -68,11 +69,7 @@ def hf_config(
         "tie_word_embeddings": args.tie_word_embeddings,
         "dtype": str(dtype).removeprefix("torch."),
     }
-    if bos_token_id is not None:
-        config["bos_token_id"] = bos_token_id
-    if eos_token_id is not None:
-        config["eos_token_id"] = eos_token_id
-    return config
+    return with_token_ids(config, bos_token_id, eos_token_id)
 
 
 def _first_k_dense(moe: MoEArgs) -> int:

@@ -67,6 +67,11 @@ def hf_config(
         "tie_word_embeddings": args.tie_word_embeddings,
         "dtype": str(dtype).removeprefix("torch."),
     }
+    return with_token_ids(config, bos_token_id, eos_token_id)
+
+
+def with_token_ids(config: dict[str, Any], bos_token_id: int | None, eos_token_id: int | list[int] | None) -> dict:
+    """`config` with the token ids that are given (config.json leaves an unknown one out)."""
     if bos_token_id is not None:
         config["bos_token_id"] = bos_token_id
     if eos_token_id is not None:

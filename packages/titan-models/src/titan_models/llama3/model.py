@@ -13,6 +13,7 @@ from titan_models.llama3.args import Llama3Args
 from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
 from titan_models.mla.attention import MultiHeadLatentAttention
 from titan_models.moe import MoE, RoutedTokens, add_aux_loss_grad, load_balance_loss
+from titan_models.moe.local_tensor import local_tensor
 from titan_models.seeded_init import SeededInit
 
 
@@ -58,11 +59,20 @@ class ScaledDotProductAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         """document_ids [bs, seqlen]: block-causal attention, a token sees only earlier tokens of its own
-        document (packed sequences); None: plain causal."""
+        document (packed sequences); None: plain causal.
+
+        Values narrower than queries and keys (multi-head latent attention) are zero-padded to their width and
+        the output cut back: the flash kernels, CPU and CUDA, need one width, and without them the scores of
+        every head would be materialized. Padding with zeros changes nothing but the work."""
+        width = v.shape[-1]
+        if width < q.shape[-1]:
+            v = F.pad(v, (0, q.shape[-1] - width))
         if document_ids is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
-        mask = block_causal_mask(document_ids, self.is_causal)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
+        else:
+            mask = block_causal_mask(document_ids, self.is_causal)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        return out[..., :width]
 
 
 def block_causal_mask(document_ids: torch.Tensor, causal: bool = True) -> torch.Tensor:
@@ -149,6 +159,17 @@ class FeedForward(nn.Module):
             init.trunc_normal_(linear.weight, std=init_std)
 
 
+class SharedExperts(FeedForward):
+    """A mixture-of-experts layer's shared experts: the SwiGLU every token goes through, computed from this
+    rank's part of each weight (`local_tensor`), as the routed experts are, so a parallel style can split its
+    hidden units inside the layer (titan_parallel's MoETensorParallel) with no module hooks of its own. The
+    same tensors and names as FeedForward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w1, w2, w3 = (local_tensor(linear.weight) for linear in (self.w1, self.w2, self.w3))
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: attention (grouped-query, or multi-head latent with args.mla) then SwiGLU, or a
     mixture of SwiGLU experts in a sparse layer."""
@@ -159,7 +180,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward: FeedForward | MoE
         if args.is_sparse(layer_id):
             shared = args.moe.num_shared_experts * args.moe.hidden_dim
-            self.feed_forward = MoE(args.dim, args.moe, FeedForward(args.dim, shared) if shared else None)
+            self.feed_forward = MoE(args.dim, args.moe, SharedExperts(args.dim, shared) if shared else None)
         else:
             self.feed_forward = FeedForward(args.dim, args.hidden_dim)
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)

@@ -56,6 +56,26 @@ def llama3_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
     }
 
 
+DENSE_FEED_FORWARD = ("", ".w1", ".w2", ".w3")  # the entries of "layers.*.feed_forward" in llama3_tp_plan
+
+
+def sparse_feed_forward_plan(plan: dict, args: Llama3Args) -> dict:
+    """`plan` (llama3_tp_plan's entries) with the feed-forward entries per layer where some layers hold a mixture
+    of experts: the dense SwiGLU's three Linear layers where a layer is dense, the whole layer split on its
+    experts' (and shared experts') hidden units where it is sparse (ExpertsHiddenShard)."""
+    from titan_models.tp_styles import ExpertsHiddenShard
+
+    if args.moe is None:
+        return plan
+    dense = {suffix: plan.pop(f"layers.*.feed_forward{suffix}") for suffix in DENSE_FEED_FORWARD}
+    for layer in range(args.n_layers):
+        if args.is_sparse(layer):
+            plan[f"layers.{layer}.feed_forward"] = ExpertsHiddenShard()
+        else:
+            plan.update({f"layers.{layer}.feed_forward{suffix}": style for suffix, style in dense.items()})
+    return plan
+
+
 def llama3_plan(args: Llama3Args) -> ModelPlan:
     return ModelPlan(
         block_fqns=[f"layers.{i}" for i in range(args.n_layers)],

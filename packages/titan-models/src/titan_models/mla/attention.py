@@ -51,6 +51,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_norm = RMSNorm(mla.kv_lora_rank, eps=LATENT_NORM_EPS)
         self.wkv_b = nn.Linear(mla.kv_lora_rank, args.n_heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.wo = nn.Linear(args.n_heads * mla.v_head_dim, args.dim, bias=False)
+        # The rotary key, one head every query head reads: a module of its own (an identity) so a tensor-parallel
+        # plan can gather it whole for each rank's heads (titan_models.tp_styles.HeadsShareInput).
+        self.rope_key = nn.Identity()
         scale = mla.qk_head_dim**-0.5 * softmax_scale_factor(args.rope_scaling)
         self.inner_attention = ScaledDotProductAttention(is_causal=True, scale=scale)
 
@@ -71,7 +74,7 @@ class MultiHeadLatentAttention(nn.Module):
         # -1 heads: under tensor parallelism the head projections hold only this rank's heads.
         q_nope, q_rope = q.view(bs, seqlen, -1, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
         latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope], dim=-1)
-        q_rope, k_rope = apply_rotary_emb(q_rope, k_rope.unsqueeze(2), freqs_cis)
+        q_rope, k_rope = apply_rotary_emb(q_rope, self.rope_key(k_rope).unsqueeze(2), freqs_cis)
         kv = self.wkv_b(self.kv_norm(latent)).view(bs, seqlen, -1, self.nope + self.v_head_dim)
         k_nope, v = kv.split([self.nope, self.v_head_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)

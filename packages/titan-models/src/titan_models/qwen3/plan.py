@@ -7,11 +7,8 @@ from __future__ import annotations
 from functools import partial
 
 from titan_models.llama3.args import Llama3Args
-from titan_models.llama3.plan import llama3_plan, llama3_tp_plan
+from titan_models.llama3.plan import llama3_plan, llama3_tp_plan, sparse_feed_forward_plan
 from titan_models.plan import ModelPlan
-from titan_models.tp_styles import ExpertsHiddenShard
-
-DENSE_FEED_FORWARD = ("", ".w1", ".w2", ".w3")  # the entries of "layers.*.feed_forward" in Llama 3's plan
 
 
 def qwen3_plan(args: Llama3Args) -> ModelPlan:
@@ -27,8 +24,7 @@ def qwen3_tp_plan(args: Llama3Args, loss_parallel: bool = True) -> dict:
     """Llama 3's plan, and:
     - q_norm / k_norm (one weight shared by all heads) see this rank's heads: sequence-parallel over the heads
       dim (2 of [bs, seqlen, heads, head_dim]), their weight replicated, its gradient summed over the ranks;
-    - with experts, the feed-forward entries per layer: the dense SwiGLU's three Linear layers where a layer
-      is dense, the experts' hidden units split where it is sparse."""
+    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan)."""
     # Imported here: model code stays importable and usable without torch.distributed.
     from torch.distributed.tensor.parallel import SequenceParallel
 
@@ -36,17 +32,4 @@ def qwen3_tp_plan(args: Llama3Args, loss_parallel: bool = True) -> dict:
     if args.qk_norm:
         for norm in ("q_norm", "k_norm"):
             plan[f"layers.*.attention.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-    if args.moe is None:
-        return plan
-    if args.moe.num_shared_experts:
-        raise ValueError(
-            f"tensor parallelism of shared experts is not supported yet (moe.num_shared_experts="
-            f"{args.moe.num_shared_experts}); use parallelism.tensor_parallel_degree = 1"
-        )
-    dense = {suffix: plan.pop(f"layers.*.feed_forward{suffix}") for suffix in DENSE_FEED_FORWARD}
-    for layer in range(args.n_layers):
-        if args.is_sparse(layer):
-            plan[f"layers.{layer}.feed_forward"] = ExpertsHiddenShard()
-        else:
-            plan.update({f"layers.{layer}.feed_forward{suffix}": style for suffix, style in dense.items()})
-    return plan
+    return sparse_feed_forward_plan(plan, args)

@@ -22,8 +22,13 @@ ranks are part of the expert-parallel group (TorchTitan's ETP = 1) and each disp
 same expert-sorted rows (titan_parallel.ep.expert_parallel), its output zero elsewhere. The output is still a
 partial sum over the tp ranks, and everything above holds unchanged.
 
+Shared experts (DeepSeek-V3), every token's SwiGLU, are split on their hidden units too (w1 / w3 weights
+[hidden, dim] on dim 0, w2 [dim, hidden] on dim 1), in either case: their output is one more partial sum
+and their input gradient one more partial share, with no communication of their own.
+
 The module is duck typed (titan_models.moe.MoE): `router(tokens)` returns an object with `weights`
-[tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; no shared experts; `forward` returns
+[tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; optionally `shared_experts.w1` / `w2` /
+`w3` Linear layers computed from their local weights (titan_models' SharedExperts); `forward` returns
 (output, routing statistics). Its code reads plain local tensors (titan_models' `local_tensor`). A model
 package declares the style as data (`parallel_style == "experts_hidden_shard"`, titan_models.tp_styles).
 """
@@ -39,8 +44,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-# Each weight's hidden-unit dim.
+from titan_parallel.tp.shared_input import gather_sequence
+
+# Each weight's hidden-unit dim: the routed experts' [experts, dim, hidden] / [experts, hidden, dim], the shared
+# experts' Linear weights [hidden, dim] / [dim, hidden].
 HIDDEN_DIM = {"w1": 2, "w3": 2, "w2": 1}
+SHARED_HIDDEN_DIM = {"w1": 0, "w3": 0, "w2": 1}
 
 
 class MoETensorParallel(ParallelStyle):
@@ -60,6 +69,9 @@ class MoETensorParallel(ParallelStyle):
         experts, router = module.experts, module.router
         for name, dim in HIDDEN_DIM.items() if not self.expert_parallel else ():
             _distribute(experts, name, device_mesh, Shard(dim))
+        shared = getattr(module, "shared_experts", None)
+        for name, dim in SHARED_HIDDEN_DIM.items() if shared is not None else ():
+            _distribute(getattr(shared, name), "weight", device_mesh, Shard(dim))
         _distribute(router.gate, "weight", device_mesh, Replicate())
         # As torch's styles do (a closure over the style's _prepare_*_fn), so the applied layout can name it.
         input_fn = partial(MoETensorParallel._prepare_input_fn, device_mesh)
@@ -74,11 +86,7 @@ class MoETensorParallel(ParallelStyle):
     @staticmethod
     def _prepare_input_fn(mesh: DeviceMesh, inputs: tuple) -> tuple:
         """The whole sequence on every rank; its gradient a partial sum, reduce-scattered over the sequence."""
-        x = inputs[0]
-        if not isinstance(x, DTensor):
-            x = DTensor.from_local(x, mesh, (Shard(1),), run_check=False)
-        whole = x.redistribute(mesh, (Replicate(),)).to_local(grad_placements=(Partial(),))
-        return (whole, *inputs[1:])
+        return (gather_sequence(mesh, inputs[0]), *inputs[1:])
 
     @staticmethod
     def _prepare_output_fn(mesh: DeviceMesh, outputs: tuple) -> tuple:
@@ -122,8 +130,12 @@ def _check_layer(module: nn.Module, mesh: DeviceMesh, expert_parallel: bool) -> 
             f"MoETensorParallel: {kind} is not a mixture-of-experts layer (it needs `router` and `experts` with "
             "w1, w2, w3); declare this style only for the sparse layers"
         )
-    if getattr(module, "shared_experts", None) is not None:
-        raise ValueError(f"MoETensorParallel: {kind} has shared experts, which it does not split yet")
     hidden = experts.w2.shape[1]
     if hidden % mesh.size() and not expert_parallel:
         raise ValueError(f"MoETensorParallel: the experts' {hidden} hidden units do not split over {mesh.size()} ranks")
+    shared = getattr(module, "shared_experts", None)
+    if shared is not None and shared.w2.weight.shape[1] % mesh.size():
+        raise ValueError(
+            f"MoETensorParallel: the shared experts' {shared.w2.weight.shape[1]} hidden units do not split over "
+            f"{mesh.size()} ranks"
+        )

@@ -7,6 +7,8 @@ writes without importing titan-parallel (titan-models may import torch only), re
         -> ChannelParallel(sharded)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard)
     an object with parallel_style == "experts_hidden_shard"
         -> MoETensorParallel()        (moe_parallel.py; titan_models.tp_styles.ExpertsHiddenShard)
+    an object with parallel_style == "heads_share_input"
+        -> SharedInputParallel()      (shared_input.py; titan_models.tp_styles.HeadsShareInput)
 """
 
 import contextlib
@@ -20,6 +22,7 @@ from titan_parallel.options.option_names import named
 from titan_parallel.tp.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
 from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.moe_parallel import MoETensorParallel
+from titan_parallel.tp.shared_input import SharedInputParallel
 
 
 def check_tp_degree(tp: int, divisible: dict[str, int], sizes_of: str | None = None) -> None:
@@ -71,10 +74,12 @@ def _as_parallel_style(fqn: str, entry: object, expert_parallel: bool = False) -
         return ChannelParallel(entry.sharded)
     if getattr(entry, "parallel_style", None) == "experts_hidden_shard":
         return MoETensorParallel(expert_parallel=expert_parallel)
+    if getattr(entry, "parallel_style", None) == "heads_share_input":
+        return SharedInputParallel()
     raise TypeError(
         f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
         "style; use a ParallelStyle, an object with parallel_style='channel_shard' and `sharded`, a tuple of "
-        "parameter/buffer names, or one with parallel_style='experts_hidden_shard'"
+        "parameter/buffer names, or one with parallel_style='experts_hidden_shard' or 'heads_share_input'"
     )
 
 

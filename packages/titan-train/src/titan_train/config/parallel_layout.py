@@ -182,10 +182,6 @@ def _check_model_fit(config: JobConfig, plan) -> None:
         )
     if tp > 1:
         check_tp_degree(tp, plan.tp_divisible, sizes_of=f"model.flavor={model.flavor!r}")
-        try:  # a model's plan refuses what its layers cannot split (e.g. MLA): said here, before any process group
-            plan.tp_plan(loss_parallel=config.parallelism.enable_loss_parallel)
-        except ValueError as e:
-            raise ConfigError(f"parallelism.tensor_parallel_degree={tp} with model.name={model.name!r}: {e}") from None
 
 
 def _check_expert_parallel(config: JobConfig, plan, args) -> None:
