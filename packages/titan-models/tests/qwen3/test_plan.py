@@ -3,7 +3,6 @@ single-process run in integration/test_moe_parity.py)."""
 
 import dataclasses
 
-import pytest
 from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
 
 from titan_models import get_model_spec
@@ -39,6 +38,8 @@ def test_sparse_layers_split_their_experts_and_dense_layers_their_linears():
     assert get_model_spec("qwen3_moe").plan(args).tp_divisible["moe.hidden_dim"] == args.moe.hidden_dim
 
 
-def test_shared_experts_under_tensor_parallelism_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"shared experts .*moe.num_shared_experts=1.*tensor_parallel_degree = 1"):
-        tp_plan("qwen3_moe", "tiny", num_shared_experts=1)
+def test_shared_experts_split_with_their_layer():
+    # MoETensorParallel splits them inside the layer: no entries of their own.
+    plan, args = tp_plan("qwen3_moe", "tiny", num_shared_experts=1)
+    assert isinstance(plan["layers.1.feed_forward"], ExpertsHiddenShard)
+    assert not [key for key in plan if "shared_experts" in key]
