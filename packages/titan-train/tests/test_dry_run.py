@@ -330,3 +330,14 @@ def test_expert_parallel_with_tensor_parallel_reports_where_each_expert_lives(tm
     without = _dry_run(tmp_path, "--config", str(ROOT / "configs/qwen3_moe_debug.toml"), "--world-size", "2",
                        "--training.seq_len", "64", "--training.local_batch_size", "1")  # fmt: skip
     assert without["experts"] is None
+
+
+def test_deepseek_v3_with_pipeline_and_expert_parallel(tmp_path):
+    """The DeepSeek-V3 debug recipe (MLA, shared experts, expert groups) on 4 GPUs, PP 2 x EP 2: both pipeline
+    rank classes simulated, each rank holding 4 of each layer's 8 experts."""
+    report = _dry_run(tmp_path, "--config", str(ROOT / "configs/deepseek_v3_debug.toml"), "--world-size", "4",
+                      "--parallelism.pipeline_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2",
+                      "--training.seq_len", "64", "--training.local_batch_size", "2")  # fmt: skip
+    assert len(report["rank_classes"]) == 2
+    assert report["experts"]["experts_per_rank"] == 4 and report["experts"]["expert_parallel_groups"][0] == [0, 1]
+    assert all(entry["peak_reserved_gib"] > entry["params_gib"] > 0 for entry in report["rank_classes"])
