@@ -52,16 +52,29 @@ def every_rank(value) -> list:
 
 
 def collectives_seen() -> dict[str, list[int]]:
-    """What torch's flight recorder holds for this process: each collective ("gloo:all_to_all") and the sizes
-    of the process groups it ran on. Empty on one process or with the recorder off."""
+    """What torch's flight recorders hold for this process: each collective ("gloo:all_to_all",
+    "nccl:all_to_all") and the sizes of the process groups it ran on. Empty on one process or with the
+    recorder off."""
     if not dist.is_initialized():
         return {}
     groups = dist.distributed_c10d._world.pg_group_ranks.items()  # (not-a-member markers are ints)
     size_of = {pg.group_name: len(ranks) for pg, ranks in groups if isinstance(pg, dist.ProcessGroup)}
     seen: dict[str, set[int]] = {}
-    for entry in pickle.loads(torch._C._distributed_c10d._dump_fr_trace()).get("entries", []):
+    for entry in _recorded_entries():
         seen.setdefault(entry["profiling_name"], set()).add(size_of.get(entry["process_group"][0], -1))
     return {name: sorted(sizes) for name, sizes in seen.items()}
+
+
+def _recorded_entries() -> list[dict]:
+    c10d, entries = torch._C._distributed_c10d, []
+    # NCCL's recorder exists only in CUDA builds; the backend-neutral one holds gloo's. A recorder that was
+    # never initialized raises: the other may still hold entries.
+    for dump in (getattr(c10d, name, None) for name in ("_dump_nccl_trace", "_dump_fr_trace")):
+        try:
+            entries += pickle.loads(dump()).get("entries", []) if dump is not None else []
+        except RuntimeError:
+            continue
+    return entries
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):
