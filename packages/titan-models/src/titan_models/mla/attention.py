@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from titan_models.llama3.layers import RMSNorm, ScaledDotProductAttention
 from titan_models.llama3.rope import apply_rotary_emb, softmax_scale_factor
 from titan_models.seeded_init import SeededInit
 
@@ -32,9 +33,6 @@ LATENT_NORM_EPS = 1e-6
 class MultiHeadLatentAttention(nn.Module):
     def __init__(self, args: Llama3Args):
         super().__init__()
-        # Imported here: llama3.model imports this module to choose its attention.
-        from titan_models.llama3.model import RMSNorm, ScaledDotProductAttention
-
         mla = args.mla
         self.nope, self.rope, self.v_head_dim = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         self.kv_lora_rank = mla.kv_lora_rank
