@@ -9,7 +9,7 @@ parallelism swaps by name). Module names follow TorchTitan's DeepSeek-V3.
 
 The rotary halves are rotated in Meta's adjacent-pair layout, which is DeepSeek's own (Hugging Face's
 `rope_interleave`), so no weight needs permuting. The softmax scale is 1 / sqrt(nope + rope), times YaRN's
-mscale squared when the RoPE table is YaRN-scaled (rope.attention_scale).
+mscale squared when the RoPE table is YaRN-scaled (rope.softmax_scale_factor).
 """
 
 from __future__ import annotations
