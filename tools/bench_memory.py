@@ -1,9 +1,11 @@
-"""Peak tensor memory and tokens/s of one training step: plain vs chunked loss, and each activation-checkpoint
-mode vs "auto", as ratios measured in one run; then, for the Llama 3.1 8B recipe of the TorchTitan paper's
+"""Peak tensor memory and tokens/s of one training step: plain vs chunked loss (gradients computed in forward,
+and each chunk recomputed in backward), and each activation-checkpoint mode vs "auto", as ratios measured in
+one run; then, for the Llama 3.1 8B recipe of the TorchTitan paper's
 Table 1, the predicted per-GPU peak by local batch size with and without the chunked loss.
 
     python tools/bench_memory.py                          # debug model, vocab 32768, seq 2048, then 8B
     python tools/bench_memory.py --vocab 131072 --skip-8b
+    python tools/bench_memory.py --vocab 2048 --batch 8 --seq 256 --chunk 256 --skip-8b   # the debug recipe
 
 Part 1 runs for real on this machine (one process, float32; CPU unless CUDA is present). Peak: parameters
 + the most bytes that the step's ops hold at once (`titan_parallel.ac.live_bytes.LiveBytes`: every allocation
@@ -43,8 +45,11 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def one_process(ac: ActivationCheckpoint, chunk: int) -> Layout:
-    return Layout(ParallelDims(1, 1, 1, 1, 1, 1), 1, activation_checkpoint=ac, loss_chunk_tokens=chunk)
+def one_process(ac: ActivationCheckpoint, chunk: int, gradients: str) -> Layout:
+    return Layout(
+        ParallelDims(1, 1, 1, 1, 1, 1), 1, activation_checkpoint=ac, loss_chunk_tokens=chunk,
+        loss_chunk_gradients=gradients,
+    )  # fmt: skip
 
 
 def measure(model, batch, repeats: int) -> tuple[int, float]:
@@ -74,8 +79,8 @@ def debug_table(args) -> None:
     batch = (tokens[:, :-1].to(device), tokens[:, 1:].to(device))
     trace_batch = (args.batch, args.seq)
 
-    def build(ac: ActivationCheckpoint, chunk: int = 0):
-        layout = one_process(ac, chunk)
+    def build(ac: ActivationCheckpoint, chunk: int = 0, gradients: str = "in_forward"):
+        layout = one_process(ac, chunk, gradients)
         return build_parallel_model(lambda: Llama3(model_args), plan, layout, device, loss_fn=cross_entropy, seed=0)
 
     def predicted(policy: str) -> int:
@@ -89,19 +94,24 @@ def debug_table(args) -> None:
         trace = StepTrace(meta, plan.block_fqns, forward_loss, device=device, dtype=torch.float32)
         return trace.peak([policy] * len(plan.block_fqns))
 
-    budget = (predicted("none") + predicted("full")) // 2
     variants = {
         "plain loss, AC none": build(ActivationCheckpoint("none")),
-        f"chunked loss ({args.chunk} tokens), AC none": build(ActivationCheckpoint("none"), args.chunk),
-        "AC selective op": build(ActivationCheckpoint("selective", "op")),
-        "AC full": build(ActivationCheckpoint("full")),
-        f"AC auto (budget {budget / MIB:.0f} MiB)": build(
-            ActivationCheckpoint("auto", memory_budget_gib=budget / GIB, trace_batch=trace_batch)
+        f"chunked loss ({args.chunk} tokens, recompute), AC none": build(
+            ActivationCheckpoint("none"), args.chunk, "recompute"
         ),
-        "chunked loss + AC auto (same budget)": build(
-            ActivationCheckpoint("auto", memory_budget_gib=budget / GIB, trace_batch=trace_batch), args.chunk
+        f"chunked loss ({args.chunk} tokens, gradients in forward), AC none": build(
+            ActivationCheckpoint("none"), args.chunk
         ),
     }
+    if not args.skip_ac:
+        budget = (predicted("none") + predicted("full")) // 2
+        auto = ActivationCheckpoint("auto", memory_budget_gib=budget / GIB, trace_batch=trace_batch)
+        variants |= {
+            "AC selective op": build(ActivationCheckpoint("selective", "op")),
+            "AC full": build(ActivationCheckpoint("full")),
+            f"AC auto (budget {budget / MIB:.0f} MiB)": build(auto),
+            "chunked loss + AC auto (same budget)": build(auto, args.chunk),
+        }
     for model in variants.values():  # warm-up: first-call costs out of the timings
         model.forward_backward(*batch)
     results = {name: (0, float("inf")) for name in variants}
@@ -166,6 +176,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-8b", action="store_true")
+    parser.add_argument("--skip-ac", action="store_true", help="only the loss variants")
     parser.add_argument("--paper-seq", type=int, default=8192)
     parser.add_argument("--paper-gpus", type=int, default=8)
     parser.add_argument("--paper-chunk", type=int, default=2048)

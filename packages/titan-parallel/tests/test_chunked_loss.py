@@ -1,8 +1,11 @@
-"""The chunked output head + cross entropy on one process: the plain loss's value and every gradient
-(float32: rtol 1e-5 on the loss, 1e-4 / atol 1e-6 on gradients, as the parity tests; bfloat16 autocast: the
-same bf16 logits rounded alike, so 1e-2), and the step's peak of live tensor bytes (every storage an op
-allocates, tracked until freed) lower by at least the logits' size minus one chunk's.
-Tensor parallel (loss parallel on and off), pipeline and context parallel: chunked_loss_script.py."""
+"""The chunked output head + cross entropy on one process, with gradients computed in forward (the default)
+and with each chunk recomputed in backward: the plain loss's value and every gradient (float32: rtol 1e-5 on
+the loss, 1e-4 / atol 1e-6 on gradients, as the parity tests; bfloat16 autocast: the same bf16 logits
+rounded alike, so 1e-2), the step's peak of live tensor bytes (every storage an op allocates, tracked until
+freed) lower by at least the logits' size minus one chunk's (and the weight-sized float32 gradient the
+in-forward path holds), and the vocabulary-sized matmuls a step runs: three per token, as the plain loss,
+four with recompute. Tensor parallel (loss parallel on and off), FSDP, SimpleFSDP, pipeline and context
+parallel: integration/test_memory_lean.py."""
 
 from dataclasses import dataclass, field
 
@@ -10,9 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from titan_parallel import Layout, ParallelDims, build_parallel_model
 from titan_parallel.ac.live_bytes import LiveBytes
+from titan_parallel.loss.chunked_loss import auto_loss_chunk_tokens
+from titan_parallel.loss.gradients_in_forward import linear_cross_entropy_sum
 
 VOCAB, DIM, BATCH, SEQ = 4096, 32, 2, 256
 
@@ -60,10 +66,10 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def build(chunk_tokens: int, param_dtype=torch.float32, compile_backend: str | None = None):
+def build(chunk_tokens: int, param_dtype=torch.float32, compile_backend: str | None = None, gradients="in_forward"):
     layout = Layout(
         ParallelDims(1, 1, 1, 1, 1, 1), 1, param_dtype=param_dtype, loss_chunk_tokens=chunk_tokens,
-        compile_backend=compile_backend,
+        compile_backend=compile_backend, loss_chunk_gradients=gradients,
     )  # fmt: skip
     return build_parallel_model(TinyLM, Plan(), layout, torch.device("cpu"), loss_fn=cross_entropy, seed=0)
 
@@ -76,25 +82,33 @@ def batch(ignored: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, labels
 
 
-def loss_and_grads(chunk_tokens: int, param_dtype=torch.float32, ignored: int = 0, scale: float = 1.0, compile=None):
-    model = build(chunk_tokens, param_dtype, compile)
+def loss_and_grads(
+    chunk_tokens: int, param_dtype=torch.float32, ignored: int = 0, scale: float = 1.0, compile=None,
+    gradients="in_forward",
+):  # fmt: skip
+    model = build(chunk_tokens, param_dtype, compile, gradients)
     loss = model.forward_backward(*batch(ignored), scale=scale)
     return loss, {name: p.grad for name, p in model.whole_model.named_parameters()}
 
 
+GRADIENTS = ["in_forward", "recompute"]
+
+
+@pytest.mark.parametrize("gradients", GRADIENTS)
 @pytest.mark.parametrize("chunk_tokens, ignored", [(64, 0), (100, 0), (96, 40), (4096, 0)])
-def test_chunked_loss_equals_plain_loss(chunk_tokens, ignored):
+def test_chunked_loss_equals_plain_loss(chunk_tokens, ignored, gradients):
     ref_loss, ref_grads = loss_and_grads(0, ignored=ignored, scale=0.5)
-    loss, grads = loss_and_grads(chunk_tokens, ignored=ignored, scale=0.5)
+    loss, grads = loss_and_grads(chunk_tokens, ignored=ignored, scale=0.5, gradients=gradients)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
     assert grads.keys() == ref_grads.keys()
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_chunked_loss_under_bf16_autocast():
+@pytest.mark.parametrize("gradients", GRADIENTS)
+def test_chunked_loss_under_bf16_autocast(gradients):
     ref_loss, ref_grads = loss_and_grads(0, torch.bfloat16)
-    loss, grads = loss_and_grads(128, torch.bfloat16)
+    loss, grads = loss_and_grads(128, torch.bfloat16, gradients=gradients)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-2, atol=0)
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-2, atol=1e-4, msg=name)
@@ -114,8 +128,8 @@ def test_chunked_loss_needs_a_declared_head():
         build_parallel_model(TinyLM, Plan(head_fqn=None), layout, torch.device("cpu"), loss_fn=cross_entropy, seed=0)
 
 
-def peak_step_bytes(chunk_tokens: int) -> int:
-    model = build(chunk_tokens)
+def peak_step_bytes(chunk_tokens: int, gradients: str = "in_forward") -> int:
+    model = build(chunk_tokens, gradients=gradients)
     inputs, labels = batch()
     model.forward_backward(inputs, labels)  # gradients exist before the measured step, as in training
     with LiveBytes() as tracker:
@@ -123,8 +137,76 @@ def peak_step_bytes(chunk_tokens: int) -> int:
     return tracker.peak
 
 
-def test_chunked_loss_peak_falls_by_the_logits_minus_one_chunk():
+@pytest.mark.parametrize("gradients", GRADIENTS)
+def test_chunked_loss_peak_falls_by_the_logits_minus_one_chunk(gradients):
     chunk = 64
     logits_bytes, chunk_bytes = BATCH * SEQ * VOCAB * 4, chunk * VOCAB * 4
-    plain, chunked = peak_step_bytes(0), peak_step_bytes(chunk)
-    assert plain - chunked >= logits_bytes - chunk_bytes, (plain, chunked, logits_bytes, chunk_bytes)
+    # In forward: the head weight's float32 gradient, held from the loss to its backward.
+    held = VOCAB * DIM * 4 if gradients == "in_forward" else 0
+    plain, chunked = peak_step_bytes(0), peak_step_bytes(chunk, gradients)
+    assert plain - chunked >= logits_bytes - chunk_bytes - held, (plain, chunked, logits_bytes, chunk_bytes)
+
+
+class VocabularyMatmuls(TorchDispatchMode):
+    """Counts the multiply-adds of matmuls with an operand or result of VOCAB columns or rows: the head's."""
+
+    MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def __init__(self):
+        super().__init__()
+        self.multiply_adds = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.MATMULS:
+            a, b = args[-2], args[-1]
+            if VOCAB in (*a.shape, *b.shape):
+                self.multiply_adds += a.numel() * b.shape[-1]
+        return out
+
+
+@pytest.mark.parametrize("chunk_tokens, gradients, head_matmuls", [
+    (0, "in_forward", 3), (64, "in_forward", 3), (100, "in_forward", 3), (64, "recompute", 4),
+])  # fmt: skip
+def test_vocabulary_matmuls_per_token(chunk_tokens, gradients, head_matmuls):
+    """The logits, and the gradients of the hidden states and the head weight: three head-sized matmuls per
+    token; recomputing the logits in backward makes four."""
+    model = build(chunk_tokens, gradients=gradients)
+    with VocabularyMatmuls() as counted:
+        model.forward_backward(*batch())
+    assert counted.multiply_adds == head_matmuls * BATCH * SEQ * DIM * VOCAB
+
+
+@pytest.mark.parametrize("gradients", GRADIENTS)
+def test_evaluation_computes_no_gradient(gradients):
+    """Forward-only (validation, no_grad): the same loss from one head matmul per token, no gradient made."""
+    plain, chunked = build(0), build(64, gradients=gradients)
+    with VocabularyMatmuls() as counted:
+        loss = chunked.forward_loss(*batch(ignored=10))
+    torch.testing.assert_close(loss, plain.forward_loss(*batch(ignored=10)), rtol=1e-5, atol=0)
+    assert counted.multiply_adds == BATCH * SEQ * DIM * VOCAB
+    assert all(p.grad is None for p in chunked.parameters())
+
+
+def test_gradients_in_forward_with_a_biased_head():
+    """linear_cross_entropy_sum on its own: a head with a bias, ignored labels, a short last chunk."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(50, DIM, generator=generator, requires_grad=True)
+    weight = torch.randn(VOCAB, DIM, generator=generator, requires_grad=True)
+    bias = torch.randn(VOCAB, generator=generator, requires_grad=True)
+    labels = torch.randint(VOCAB, (50,), generator=generator)
+    labels[::7] = -100
+    reference = F.cross_entropy(F.linear(hidden, weight, bias), labels, reduction="sum")
+    expected = torch.autograd.grad(reference * 0.25, (hidden, weight, bias))
+    loss = linear_cross_entropy_sum(hidden, weight, bias, labels, chunk_tokens=16)
+    torch.testing.assert_close(loss, reference, rtol=1e-5, atol=0)
+    for got, want in zip(torch.autograd.grad(loss * 0.25, (hidden, weight, bias)), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_chunk_size():
+    assert auto_loss_chunk_tokens(tokens=128, vocab_here=2048, dim=256) == 0  # logits no larger than the weight
+    assert auto_loss_chunk_tokens(tokens=2048, vocab_here=2048, dim=256) == 256  # 8 chunks
+    assert auto_loss_chunk_tokens(tokens=8192, vocab_here=128256, dim=4096) == 256  # 32 chunks, the floor
+    assert auto_loss_chunk_tokens(tokens=65536, vocab_here=128256, dim=4096) == 2048
+    assert auto_loss_chunk_tokens(tokens=65536, vocab_here=128256 // 8, dim=4096) == 16384  # a TP 8 slice

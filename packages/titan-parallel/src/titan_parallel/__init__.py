@@ -35,7 +35,7 @@ from titan_parallel.fsdp.data_parallel import apply_ddp, apply_fsdp
 from titan_parallel.fsdp.simple_fsdp import MODES as SIMPLE_FSDP_MODES
 from titan_parallel.fsdp.simple_fsdp import apply_simple_fsdp
 from titan_parallel.fsdp.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
-from titan_parallel.loss.chunked_loss import check_loss_chunking
+from titan_parallel.loss.chunked_loss import auto_loss_chunk_tokens, check_loss_chunking
 from titan_parallel.mesh.device import device_module, device_type, distributed_backend
 from titan_parallel.mesh.parallel_dims import ParallelDims
 from titan_parallel.model.applied_layout import describe_applied, format_applied
@@ -105,6 +105,7 @@ __all__ = [
     "build_parallel_model",
     "build_pipeline",
     "check_ac_options",
+    "auto_loss_chunk_tokens",
     "check_loss_chunking",
     "check_tp_degree",
     "compiled_block_ac_refusal",

@@ -175,7 +175,7 @@ def auto_ac_choice(model: nn.Module, block_fqns: list[str], layout, loss_fn, hea
 
     def forward_loss(traced: nn.Module) -> torch.Tensor:
         inputs = labels = torch.zeros(ac.trace_batch, dtype=torch.long, device=device)
-        loss = HeadLoss(loss_fn, layout.loss_chunk_tokens, False, head_fqn)
+        loss = HeadLoss(loss_fn, layout.loss_chunk_tokens, False, head_fqn, layout.loss_chunk_gradients)
         loss.attach([traced])
         with loss.bypass():
             output = traced(inputs)

@@ -115,8 +115,11 @@ class Layout:
     async_tensor_parallel: str | None = None
     """With TP: None (plain), "titan" (eager micro-pipelined styles) or "symmetric_memory" (inductor's pass)."""
     loss_chunk_tokens: int = 0
-    """> 0: the output head and cross entropy run this many tokens at a time, each chunk's logits recomputed
-    in backward (chunked_loss.py); 0: the plain loss on all the logits."""
+    """> 0: the output head and cross entropy run this many tokens at a time (chunked_loss.py); 0: the plain
+    loss on all the logits. `auto_loss_chunk_tokens` gives a size from the micro-batch and the head."""
+    loss_chunk_gradients: str = "in_forward"
+    """How the chunked loss gets its gradients: "in_forward" (computed with the loss, scaled in backward) or
+    "recompute" (each chunk's logits recomputed in backward: one more head matmul)."""
     activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint("none")
     compile_backend: str | None = None
     """torch.compile backend of each block; None: eager."""
@@ -138,4 +141,7 @@ class Layout:
             text += f", {self.pipeline.describe()}"
         if self.async_tensor_parallel is not None:
             text += f", async TP ({self.async_tensor_parallel})"
+        if self.loss_chunk_tokens:
+            gradients = "in forward" if self.loss_chunk_gradients == "in_forward" else "recomputed"
+            text += f", loss in chunks of {self.loss_chunk_tokens} tokens (gradients {gradients})"
         return text

@@ -90,7 +90,7 @@ def build_parallel_model(
     dims = layout.dims
     head_fqn = getattr(plan, "head_fqn", None)
     # Checked before anything is built; the head is attached once the parts exist.
-    head_loss = HeadLoss(loss_fn, layout.loss_chunk_tokens, layout.loss_parallel, head_fqn)
+    head_loss = HeadLoss(loss_fn, layout.loss_chunk_tokens, layout.loss_parallel, head_fqn, layout.loss_chunk_gradients)
     with torch.device("meta"):
         model = build_model()
     ac = layout.activation_checkpoint

@@ -66,8 +66,10 @@ def _is_bool(dotted: str) -> bool:
 
 def _type_name(hint) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return f"{_type_name(inner)} (empty: unset)"
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(members) > 1:
+            return "|".join(_type_name(m) for m in members)
+        return f"{_type_name(members[0])} (empty: unset)"
     if typing.get_origin(hint) is typing.Literal:
         return "|".join(str(c) for c in typing.get_args(hint))
     if typing.get_origin(hint) is list:

@@ -58,13 +58,25 @@ def read_toml(path: str | Path, _seen: tuple = ()) -> dict:
     return base
 
 
+def _described(hint) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(repr(c) for c in typing.get_args(hint))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
 def _coerce(value, hint, key: str):
     """`value` (from TOML, or a string from the CLI) as type `hint`, or a ConfigError naming `key`."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        # Optional fields: an empty value means "not set".
-        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return None if value in ("", None) else _coerce(value, inner, key)
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(members) < len(typing.get_args(hint)) and value in ("", None):
+            return None  # Optional fields: an empty value means "not set"
+        for member in members:  # e.g. int | Literal["auto"]: the first that takes the value
+            try:
+                return _coerce(value, member, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={value!r} must be {' or '.join(_described(m) for m in members)}")
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         value = _coerce(value, type(choices[0]), key)

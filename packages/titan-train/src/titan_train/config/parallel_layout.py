@@ -21,6 +21,7 @@ from titan_parallel import (
     Layout,
     ParallelDims,
     SimpleFSDPOptions,
+    auto_loss_chunk_tokens,
     check_loss_chunking,
     check_tp_degree,
     compiled_block_ac_refusal,
@@ -120,7 +121,8 @@ def _resolve(config: JobConfig, world_size: int) -> Layout:
         simple_fsdp=_simple_fsdp_options(config, dims) if data_parallel is DataParallel.SIMPLE_FSDP else None,
         loss_parallel=dims.tp > 1 and p.enable_loss_parallel,
         async_tensor_parallel=_local_async_tensor_parallel(config),
-        loss_chunk_tokens=t.loss_chunk_tokens,
+        loss_chunk_tokens=_loss_chunk_tokens(config, args, plan),
+        loss_chunk_gradients=t.loss_chunk_gradients,
         activation_checkpoint=ac,
         compile_backend=config.compile.backend if config.compile.enable else None,
         pipeline=pipeline,
@@ -169,7 +171,8 @@ def _check_model_fit(config: JobConfig, plan) -> None:
     """The degrees that split the model or the sequence fit this model and sequence length."""
     p, model, seq_len = config.parallelism, config.model, config.training.seq_len
     cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
-    check_loss_chunking(config.training.loss_chunk_tokens, plan.head_fqn)
+    if config.training.loss_chunk_tokens != "auto":
+        check_loss_chunking(config.training.loss_chunk_tokens, plan.head_fqn)
     if cp > 1 and not plan.context_parallel:
         raise ConfigError(
             f"parallelism.context_parallel_degree={cp}: model.name={model.name!r} has no attention "
@@ -265,7 +268,7 @@ def _simple_fsdp_options(config: JobConfig, dims: ParallelDims) -> SimpleFSDPOpt
 
 
 def _ac(config: JobConfig) -> ActivationCheckpoint:
-    ac, p, t = config.activation_checkpoint, config.parallelism, config.training
+    ac = config.activation_checkpoint
     if ac.mode != "auto":
         return ActivationCheckpoint(ac.mode, str(ac.selective_ac_option))
     if ac.memory_budget_gib < 0 or (ac.memory_budget_gib == 0 and device_type() == "cpu"):
@@ -273,17 +276,37 @@ def _ac(config: JobConfig) -> ActivationCheckpoint:
             f"activation_checkpoint.memory_budget_gib={ac.memory_budget_gib}: mode='auto' needs a budget in GiB "
             "(0 means the GPU's capacity, which a CPU run does not have); give e.g. 70"
         )
-    # The step auto traces: one micro-batch of this rank's tokens.
-    sequences = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
     whole_blocks_refused = compiled_block_ac_refusal(config.compile.enable, _dtensor_params_cause(config) is not None)
     return ActivationCheckpoint(
         "auto",
         str(ac.selective_ac_option),
         memory_budget_gib=ac.memory_budget_gib,
-        trace_batch=(sequences, t.seq_len // p.context_parallel_degree),
+        trace_batch=_micro_batch(config),  # the step auto traces: one micro-batch of this rank's tokens
         auto_policies=("none", "op") if whole_blocks_refused else ("none", "op", "full"),
         optimizer_bytes_per_param=8,  # AdamW's exp_avg and exp_avg_sq in float32
     )
+
+
+def _micro_batch(config: JobConfig) -> tuple[int, int]:
+    """(sequences, tokens of each) of one forward on a rank: a local batch, or a pipeline's micro-batch, of
+    the rank's share of the sequence under context parallelism."""
+    p, t = config.parallelism, config.training
+    sequences = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
+    return sequences, t.seq_len // p.context_parallel_degree
+
+
+def _loss_chunk_tokens(config: JobConfig, args, plan) -> int:
+    """training.loss_chunk_tokens as a number: "auto" sized from the micro-batch and the head (the vocabulary
+    split over tensor-parallel ranks, as the plan's head is); the plain loss where the plan declares no head."""
+    chunk = config.training.loss_chunk_tokens
+    if chunk != "auto":
+        return chunk
+    vocab, dim = getattr(args, "vocab_size", None), getattr(args, "dim", None)
+    if not plan.head_fqn or vocab is None or dim is None:
+        return 0
+    sequences, tokens = _micro_batch(config)
+    vocab_here = -(-vocab // config.parallelism.tensor_parallel_degree)
+    return auto_loss_chunk_tokens(sequences * tokens, vocab_here, dim)
 
 
 def _dtensor_params_cause(config: JobConfig) -> str | None:

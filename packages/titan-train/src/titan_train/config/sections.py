@@ -106,10 +106,16 @@ class Training:
     """Seed for weight init and every RNG."""
     deterministic: bool = False
     """Use deterministic algorithms only (slower; bit-reproducible runs)."""
-    loss_chunk_tokens: int = 0
-    """> 0: compute the output projection and cross entropy this many tokens at a time, recomputing each
-    chunk's logits in backward, so the logits of all tokens never exist at once (same loss and gradients);
-    0: the plain loss. Off by default: it costs one more output matmul in backward (tools/bench_memory.py)."""
+    loss_chunk_tokens: int | Literal["auto"] = "auto"
+    """> 0: compute the output projection and cross entropy this many tokens at a time, each chunk's
+    gradients computed with its loss, so the logits of all tokens never exist at once (same loss and
+    gradients, the same three head matmuls as the plain loss); 0: the plain loss. "auto": chunked wherever a
+    micro-batch's logits are larger than the head's weight (more tokens per micro-batch than the model's dim),
+    in chunks of about vocab/dim (at least 256 tokens); the log's layout line says what it chose."""
+    loss_chunk_gradients: Literal["in_forward", "recompute"] = "in_forward"
+    """How the chunked loss gets its gradients: "in_forward" (with the loss; a float32 gradient of the head's
+    weight is held until backward) or "recompute" (each chunk's logits recomputed in backward: one more head
+    matmul, nothing held)."""
 
 
 @dataclass

@@ -191,7 +191,7 @@ def _simulate_reporting_errors(
         ) from None
 
 
-def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
+def _warnings(entry: dict, config: JobConfig, layout: Layout, capacity_gib: float) -> list[str]:
     found = []
     if entry["peak_reserved_gib"] > capacity_gib:
         found.append(
@@ -201,7 +201,7 @@ def _warnings(entry: dict, config: JobConfig, capacity_gib: float) -> list[str]:
         )
     if entry["out_of_memory"]:
         found.append(f"the allocator model runs out of memory: {entry['out_of_memory']}")
-    if entry["peak_phase"].endswith(("loss", "loss_backward")) and not config.training.loss_chunk_tokens:
+    if entry["peak_phase"].endswith(("loss", "loss_backward")) and not layout.loss_chunk_tokens:
         found.append(
             f"the peak is in the {entry['peak_phase']} phase (the logits and their gradient): chunk the loss "
             "with training.loss_chunk_tokens (see README 'Memory-lean training')"
@@ -261,7 +261,7 @@ def dry_run(
         for entry in batch_entries:
             entry["device_memory_gib"] = device_memory_gib
             entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
-            entry["warnings"] = _warnings(entry, config, device_memory_gib)
+            entry["warnings"] = _warnings(entry, config, layout, device_memory_gib)
             entries.append(entry)
     report = {
         "world_size": world_size,
