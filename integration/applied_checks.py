@@ -7,7 +7,10 @@ every rank). The expectations here are derived from the options as a user reads 
 titan-train's Layout: a check computed by the code under test would agree with its bugs.
 """
 
+import math
 import os
+
+from titan_models import get_model_spec
 
 MULTI_STAGE_SCHEDULES = {"Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 # Llama's and Hyena's (mixer) projections.
@@ -53,6 +56,30 @@ def assert_layout_applied(applied_by_rank: list[list[dict]], world: int, options
     assert held == {f"layers.{i}": world // pp for i in range(n_blocks)}, held
 
 
+# The tiny cases' shared settings (test_parallel_parity.MODEL), where a case's options do not say otherwise.
+TINY_SEQ_LEN, TINY_LOCAL_BATCH = 64, 2
+
+
+def _expected_loss_chunk(o: dict, *, tp: int, cp: int) -> int:
+    """training.loss_chunk_tokens as the README states "auto": off (0) unless a micro-batch has more tokens than
+    the model's dim; else vocab/dim chunks (the vocabulary split over TP ranks), a power of two, >= 256."""
+    chunk = o.get("training.loss_chunk_tokens", "auto")
+    if chunk != "auto":
+        return int(chunk)
+    name = o.get("model.name", "llama3")
+    args = get_model_spec(name).args_for(o.get("model.flavor", "tiny"))
+    if name == "hyena":  # its plan declares no output head to chunk over
+        return 0
+    pp = int(o.get("parallelism.pipeline_parallel_degree", 1))
+    sequences = int(o.get("parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else
+                    o.get("training.local_batch_size", TINY_LOCAL_BATCH))  # fmt: skip
+    tokens = sequences * int(o.get("training.seq_len", TINY_SEQ_LEN)) // cp
+    if tokens <= args.dim:
+        return 0
+    chunks = math.ceil(math.ceil(args.vocab_size / tp) / args.dim)
+    return max(256, 2 ** math.ceil(math.log2(math.ceil(tokens / chunks))))
+
+
 def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate: int, shard: int) -> None:
     where = f"rank {rank} stage {part['stage']}"
     simple = o.get("parallelism.fsdp_implementation") == "simple_fsdp"
@@ -72,8 +99,10 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
     expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
     assert part["ring_attention"] == expected_ring, f"{where}: ring attention in {part['ring_attention']}"
-    chunk = int(o.get("training.loss_chunk_tokens", 0))
-    holds_head = "output.weight" in part["params"]
+    chunk = _expected_loss_chunk(o, tp=tp, cp=cp)
+    # Without a pipeline the one part holds the head (under tied embeddings its weight is listed as the
+    # embedding's); a pipeline's last stage holds output.weight.
+    holds_head = part["stage"] is None or "output.weight" in part["params"]
     want_chunk = chunk if chunk and holds_head else None
     got_chunk = part["loss_chunk_tokens"]
     assert got_chunk == want_chunk, f"{where}: loss chunks of {got_chunk} tokens, expected {want_chunk}"

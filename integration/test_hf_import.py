@@ -131,7 +131,8 @@ def test_fine_tuning_starts_from_exactly_the_folders_weights(hf_folder, tmp_path
     proc = run_script("parity_driver.py", [str(tmp_path / "out.pt"), *options], nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = torch.load(tmp_path / "out.pt", weights_only=False)
-    assert_layout_applied(result["applied"], nproc, ["--model.flavor", flavor, *extra])
+    assert_layout_applied(result["applied"], nproc, ["--model.flavor", flavor, "--training.seq_len", str(SEQ_LEN),
+                                                     "--training.local_batch_size", str(BATCH), *extra])  # fmt: skip
     (loss,) = result["losses"]
     assert loss == pytest.approx(first_batch_loss_by_transformers(folder, dp, SEQ_LEN, BATCH), rel=1e-5)
 

@@ -1,9 +1,10 @@
 """Memory-lean training through the trainer under torchrun.
 
-The chunked output head + cross entropy (training.loss_chunk_tokens) against the plain loss's single-process
-run: the same losses and every gradient within test_parallel_parity's float32 tolerances, on one process
-with gradient accumulation, TP 2 with and without loss parallel, FSDP 2, SimpleFSDP 2, PP 2 and CP 2, and bf16 FSDP
-within its relative bound. 48 tokens a chunk: 128 tokens per micro-batch (64 under CP 2 or a pipeline's
+The chunked output head + cross entropy (training.loss_chunk_tokens), its gradients computed in forward
+(and a case or two recomputing them in backward), against the plain loss's single-process run: the same
+losses and every gradient within test_parallel_parity's float32 tolerances, on one process with gradient
+accumulation, TP 2 with and without loss parallel, FSDP 2, SimpleFSDP 2, PP 2, CP 2, an MoE model with its
+router's auxiliary loss, tied embeddings under TP 2, and bf16 FSDP within its relative bound. 48 tokens a chunk: 128 tokens per micro-batch (64 under CP 2 or a pipeline's
 micro-batch) split unevenly, so a short last chunk is covered too. The applied layout says on which part
 the loss was chunked (the part holding `output`).
 
@@ -41,18 +42,26 @@ from test_parallel_parity import (
 )
 
 CHUNK = ["--training.loss_chunk_tokens", "48"]
+RECOMPUTE = ["--training.loss_chunk_gradients", "recompute"]
+PLAIN = ("--training.loss_chunk_tokens", "0")  # the reference's loss (a case's own CHUNK comes later and wins)
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+MOE = ("--model.name", "qwen3_moe", "--moe.aux_loss_coef", "0.1")  # the router's auxiliary loss beside it
+TIED = ("--model.flavor", "tiny-3.2")  # the head's weight is the embedding's
 # (id, world size (None: one process emulating data-parallel ranks), data-parallel degree, options the
-# reference shares, options)
+# reference shares, options). Gradients computed in forward unless RECOMPUTE.
 CASES = [
     ("one_process_accumulation", None, 2, (), CHUNK),
     ("tp2_loss_parallel", 2, 1, (), [*TP2, *CHUNK]),
+    ("tp2_loss_parallel_recompute", 2, 1, (), [*TP2, *CHUNK, *RECOMPUTE]),
     pytest.param("tp2_no_loss_parallel", 2, 1, (), [*TP2, "--parallelism.enable_loss_parallel", "false", *CHUNK],
                  marks=pytest.mark.slow, id="tp2_no_loss_parallel"),
-    pytest.param("fsdp2", 2, 2, (), CHUNK, marks=pytest.mark.slow, id="fsdp2"),
+    ("fsdp2", 2, 2, (), CHUNK),
+    pytest.param("fsdp2_recompute", 2, 2, (), [*CHUNK, *RECOMPUTE], marks=pytest.mark.slow, id="fsdp2_recompute"),
     pytest.param("simple_fsdp2", 2, 2, (), [*SIMPLE, *CHUNK], marks=pytest.mark.slow, id="simple_fsdp2"),
     ("pp2_1f1b", 2, 1, LOCAL_BATCH_4, [*PP2, *CHUNK]),
     ("cp2", 2, 1, (), ["--parallelism.context_parallel_degree", "2", *CHUNK]),
+    ("moe_fsdp2_aux_loss", 2, 2, MOE, CHUNK),
+    pytest.param("tied_tp2", 2, 1, TIED, [*TP2, *CHUNK], marks=pytest.mark.slow, id="tied_tp2"),
 ]  # fmt: skip
 
 
@@ -75,17 +84,18 @@ def run(case_id: str, world: int | None, dp: int, options: list[str], tmp_root: 
 @pytest.mark.parametrize("case_id, world, dp, shared, options", CASES,
                          ids=[c[0] if isinstance(c, tuple) else c.id for c in CASES])  # fmt: skip
 def test_chunked_loss_matches_plain_loss(case_id, world, dp, shared, options, tmp_root):
-    result = run(case_id, world, dp, [*shared, *options], tmp_root)
-    assert_parity(result, reference(dp, tmp_root, False, shared), **FP32)
+    result = run(case_id, world, dp, [*PLAIN, *shared, *options], tmp_root)
+    assert_parity(result, reference(dp, tmp_root, False, (*PLAIN, *shared)), **FP32)
 
 
 @pytest.mark.slow
 def test_chunked_loss_bf16_fsdp2_matches_plain_loss(tmp_root):
     result = run("fsdp2_bf16", 2, 2, [*BF16, *CHUNK], tmp_root)
-    assert_relative_parity(result, reference(2, tmp_root, bf16=True), BF16_REL_TOL)
+    assert_relative_parity(result, reference(2, tmp_root, True, PLAIN), BF16_REL_TOL)
 
 
-AUTO = ["--activation_checkpoint.mode", "auto", "--activation_checkpoint.memory_budget_gib"]
+# The plain loss, as the budgets and figures below were measured with it.
+AUTO = [*PLAIN, "--activation_checkpoint.mode", "auto", "--activation_checkpoint.memory_budget_gib"]
 
 
 def measured_peaks(case_id: str, options: list[str], tmp_root: str) -> list[dict]:
@@ -119,5 +129,5 @@ def test_auto_ac_fits_the_budget_and_matches_plain_run(budget, kinds, tmp_root):
         # Real <= predicted (the whole unsharded model: the safe side under FSDP) <= budget.
         assert peak["peak_bytes"] <= choice["predicted_peak_bytes"] <= choice["budget_bytes"], (rank, peak)
     if kinds != {None}:
-        unchecked = measured_peaks("fsdp2_unchecked", [], tmp_root)
+        unchecked = measured_peaks("fsdp2_unchecked", list(PLAIN), tmp_root)
         assert max(p["peak_bytes"] for p in peaks) < min(p["peak_bytes"] for p in unchecked), (peaks, unchecked)
