@@ -4,8 +4,9 @@ The chunked output head + cross entropy (training.loss_chunk_tokens), its gradie
 (and a case or two recomputing them in backward), against the plain loss's single-process run: the same
 losses and every gradient within test_parallel_parity's float32 tolerances, on one process with gradient
 accumulation, TP 2 with and without loss parallel, FSDP 2, SimpleFSDP 2, PP 2, CP 2, an MoE model with its
-router's auxiliary loss, tied embeddings under TP 2, and bf16 FSDP within its relative bound. 48 tokens a chunk: 128 tokens per micro-batch (64 under CP 2 or a pipeline's
-micro-batch) split unevenly, so a short last chunk is covered too. The applied layout says on which part
+router's auxiliary loss, tied embeddings under TP 2, and bf16 FSDP within its relative bound. 48 tokens a
+chunk: 128 tokens per micro-batch (64 under CP 2 or a pipeline's micro-batch) split unevenly, so a short last
+chunk is covered too. The applied layout says on which part
 the loss was chunked (the part holding `output`).
 
 activation_checkpoint.mode = "auto" under FSDP 2: a budget between the tiny model's fully checkpointed and

@@ -35,7 +35,7 @@ from titan_models.llama3.plan import llama3_plan
 from titan_parallel import Layout, ParallelDims, build_parallel_model
 from titan_parallel.ac.ac_budget import GIB, StepTrace
 from titan_parallel.ac.live_bytes import LiveBytes
-from titan_parallel.loss.chunked_loss import HeadLoss
+from titan_parallel.loss.chunked_loss import HeadLoss, auto_loss_chunk_tokens
 from titan_parallel.model.layout import ActivationCheckpoint
 
 MIB = 2**20
@@ -142,18 +142,21 @@ def paper_8b_table(args) -> None:
     block_params = sum(p.numel() for p in meta.layers["0"].parameters())
     static = 16 * n_params // args.paper_gpus + 2 * 2 * block_params
     print(f"\nLlama 3.1 8B, {args.paper_gpus} GPUs FSDP, bf16, per-op selective AC, seq {args.paper_seq}: "
-          f"predicted per-GPU peak (static {static / GIB:.1f} GiB + traced step)")  # fmt: skip
-    print("| local batch | plain loss GiB | chunked loss GiB | fits 80 GiB plain / chunked |")
-    print("|---:|---:|---:|---|")
+          f"predicted per-GPU peak (static {static / GIB:.1f} GiB + traced step); the chunked loss in "
+          f"training.loss_chunk_tokens = \"auto\" chunks")  # fmt: skip
+    print("| local batch | chunk tokens | plain loss GiB | chunked, recompute GiB | chunked, gradients in forward GiB "
+          "| fits 80 GiB plain / recompute / in forward |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---|")
     for local_batch in args.paper_batches:
+        chunk = auto_loss_chunk_tokens(local_batch * args.paper_seq, model_args.vocab_size, model_args.dim)
         row = []
-        for chunk in (0, args.paper_chunk):
+        for tokens, gradients in ((0, "in_forward"), (chunk, "recompute"), (chunk, "in_forward")):
 
-            def forward_loss(traced, chunk=chunk, local_batch=local_batch):
+            def forward_loss(traced, tokens=tokens, gradients=gradients, local_batch=local_batch):
                 for p in traced.parameters():  # FSDP frees the unsharded gradient after its reduce-scatter
                     p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
                 inputs = torch.zeros(local_batch, args.paper_seq, dtype=torch.long)
-                loss = HeadLoss(cross_entropy, chunk, False, plan.head_fqn)
+                loss = HeadLoss(cross_entropy, tokens, False, plan.head_fqn, gradients)
                 loss.attach([traced])
                 with loss.bypass():
                     output = traced(inputs)
@@ -165,7 +168,7 @@ def paper_8b_table(args) -> None:
             whole = sum(p.numel() for p in meta.parameters()) * 2
             row.append(trace.peak(policies) - whole + static)
         fits = " / ".join("yes" if peak <= 80 * GIB else "no" for peak in row)
-        print(f"| {local_batch} | {row[0] / GIB:.1f} | {row[1] / GIB:.1f} | {fits} |")
+        print(f"| {local_batch} | {chunk} | {' | '.join(f'{peak / GIB:.1f}' for peak in row)} | {fits} |")
 
 
 def main() -> None:
@@ -179,7 +182,6 @@ def main() -> None:
     parser.add_argument("--skip-ac", action="store_true", help="only the loss variants")
     parser.add_argument("--paper-seq", type=int, default=8192)
     parser.add_argument("--paper-gpus", type=int, default=8)
-    parser.add_argument("--paper-chunk", type=int, default=2048)
     parser.add_argument("--paper-batches", type=int, nargs="+", default=[1, 2, 3, 4])
     args = parser.parse_args()
     torch.manual_seed(0)

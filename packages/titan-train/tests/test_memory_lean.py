@@ -54,10 +54,10 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
 
 
 def test_chunked_loss_and_auto_ac_train_like_the_plain_run(tmp_path, caplog):
-    plain = trainer(tmp_path / "plain")
+    plain = trainer(tmp_path / "plain", "--training.loss_chunk_tokens", "0")
     with caplog.at_level(logging.INFO, logger="titan_parallel.ac.ac_budget"):
         lean = trainer(tmp_path / "lean", "--training.loss_chunk_tokens", "100", "--activation_checkpoint.mode",
-                       "auto", "--activation_checkpoint.memory_budget_gib", "0.015")  # fmt: skip
+                       "auto", "--activation_checkpoint.memory_budget_gib", "0.012")  # fmt: skip
     chosen = [record.getMessage() for record in caplog.records if "activation checkpointing auto" in record.message]
     assert len(chosen) == 1 and "predicted peak" in chosen[0], chosen
     kinds = [block["checkpoint"] for block in lean.parallel_model.applied_layout()[0]["blocks"].values()]
@@ -68,3 +68,26 @@ def test_chunked_loss_and_auto_ac_train_like_the_plain_run(tmp_path, caplog):
         loss_lean, norm_lean, _ = lean.step()
         assert loss_lean == pytest.approx(loss_plain, rel=1e-5)
         assert norm_lean == pytest.approx(norm_plain, rel=1e-4)
+
+
+def test_auto_loss_chunk_follows_the_micro_batch_and_the_head():
+    """ "auto" (the default): the tiny model (dim 64, vocabulary 2048) chunks 4 x 64 tokens in 256 (32 chunks
+    would be 8 tokens each: the floor); 64 tokens per micro-batch are no more than dim: the plain loss."""
+
+    def chunk(*options: str, world: int = 1) -> int:
+        return resolve_layout(
+            cli("--model.flavor", "tiny", "--training.seq_len", "64", *options), world
+        ).loss_chunk_tokens
+
+    assert chunk("--training.local_batch_size", "4") == 256
+    assert chunk("--training.local_batch_size", "1") == 0
+    pipeline = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"]
+    assert chunk(*pipeline, world=2) == 0  # a pipeline micro-batch of one sequence
+    assert chunk(*pipeline, "--parallelism.pipeline_parallel_microbatch_size", "2", world=2) == 256
+    assert chunk("--training.local_batch_size", "64", "--training.seq_len", "512") == 1024  # 32 chunks
+    assert chunk("--training.local_batch_size", "4", "--training.loss_chunk_tokens", "96") == 96
+    assert chunk("--model.name", "hyena", "--training.local_batch_size", "4") == 0  # no declared head
+    layout = resolve_layout(cli("--training.loss_chunk_gradients", "recompute"), 1)
+    assert layout.loss_chunk_gradients == "recompute"
+    with pytest.raises(ConfigError, match="training.loss_chunk_tokens='many' must be an integer or 'auto'"):
+        cli("--training.loss_chunk_tokens", "many")

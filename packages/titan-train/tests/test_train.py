@@ -89,14 +89,15 @@ def test_metrics_file_has_one_record_per_logged_step(tmp_path):
 
 
 def _nan_output_once(model, at_call: int):
-    """Make the model's logits NaN on its `at_call`-th forward (1-based)."""
+    """Make the model's final hidden states, so its logits, NaN on its `at_call`-th forward (1-based). The norm,
+    not the head: the chunked loss bypasses the head's hooks."""
     calls = {"n": 0}
 
     def hook(module, args, output):
         calls["n"] += 1
         return output * float("nan") if calls["n"] == at_call else output
 
-    return model.output.register_forward_hook(hook)
+    return model.norm.register_forward_hook(hook)
 
 
 def test_nan_loss_stops_before_the_update_naming_the_step(tmp_path):
