@@ -101,16 +101,18 @@ def test_symmetric_memory_runs_only_on_cuda_compiled_within_a_node(device, backe
     assert found is None if reason is None else reason in found
 
 
-def test_symmetric_memory_keeps_the_plain_styles_and_switches_on_the_inductor_pass(one_rank_mesh, monkeypatch):
+def test_symmetric_memory_keeps_the_plain_styles_and_switches_on_the_inductor_pass(one_rank_mesh):
     import torch._inductor.config as inductor_config
     from torch import nn
 
     from titan_parallel import apply_tp, describe_applied
 
-    monkeypatch.setattr(inductor_config, "_micro_pipeline_tp", False)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    apply_tp(model, one_rank_mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()}, async_tp="symmetric_memory")
-    assert inductor_config._micro_pipeline_tp
+    # The config module's own patch: pytest's monkeypatch undoes a module attribute it did not find in the
+    # module's __dict__ by deleting it, which hides an inductor setting from every later compile.
+    with inductor_config.patch(_micro_pipeline_tp=False):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        apply_tp(model, one_rank_mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()}, async_tp="symmetric_memory")
+        assert inductor_config._micro_pipeline_tp
     assert describe_applied([model], [])[0]["tp_styles"] == {"0": "ColwiseParallel", "1": "RowwiseParallel"}
     with pytest.raises(ValueError, match="async_tp='nccl'; use None, 'titan' or 'symmetric_memory'"):
         apply_tp(nn.Sequential(nn.Linear(4, 4)), one_rank_mesh, {"0": ColwiseParallel()}, async_tp="nccl")
