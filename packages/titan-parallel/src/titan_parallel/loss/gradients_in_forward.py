@@ -12,8 +12,8 @@ The head may be vocabulary-sharded (tensor parallelism: each rank holds a slice 
 softmax's max and sum and the label's logit are then all-reduced over the shard group, each rank's gradient
 of the hidden states is its slice's partial sum, and its weight gradient is exactly its slice's.
 
-Not differentiable twice (`once_differentiable`): a loss that is not the last operation, or a double
-backward, needs the recompute path (chunked_loss.py, `gradients="recompute"`).
+Differentiable once (`once_differentiable`): a double backward (create_graph) needs the recompute path
+(chunked_loss.py, `gradients="recompute"`).
 """
 
 import torch
