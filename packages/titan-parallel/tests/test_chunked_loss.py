@@ -150,7 +150,7 @@ def test_chunked_loss_peak_falls_by_the_logits_minus_one_chunk(gradients):
 class VocabularyMatmuls(TorchDispatchMode):
     """Counts the multiply-adds of matmuls with an operand or result of VOCAB columns or rows: the head's."""
 
-    MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+    MATMULS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_, torch.ops.aten.bmm}  # every overload
 
     def __init__(self):
         super().__init__()
@@ -158,7 +158,7 @@ class VocabularyMatmuls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func in self.MATMULS:
+        if func.overloadpacket in self.MATMULS:
             a, b = args[-2], args[-1]
             if VOCAB in (*a.shape, *b.shape):
                 self.multiply_adds += a.numel() * b.shape[-1]

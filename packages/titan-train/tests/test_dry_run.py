@@ -188,6 +188,21 @@ def test_one_rank_without_sharding_holds_every_parameter(tmp_path):
     )
 
 
+def test_the_default_chunked_loss_is_modelled(tmp_path):
+    """The debug recipe (8 x 256 tokens a micro-batch, vocabulary 2048, dim 256): "auto" chunks its loss in
+    256 tokens, and the modelled peak falls by at least its float32 logits less one chunk's and the head
+    weight's float32 gradient, which the chunked loss holds from forward to backward."""
+    args = ("--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "1")
+    chunked = _dry_run(tmp_path / "auto", *args)
+    plain = _dry_run(tmp_path / "plain", *args, "--training.loss_chunk_tokens", "0")
+    assert chunked["loss"] == {"chunk_tokens": 256, "gradients": "in_forward"}
+    assert plain["loss"]["chunk_tokens"] == 0
+    vocab, dim, tokens = 2048, 256, 8 * 256
+    saved = (tokens - 256) * vocab * 4 - vocab * dim * 4
+    (chunked_entry,), (plain_entry,) = chunked["rank_classes"], plain["rank_classes"]
+    assert (plain_entry["peak_active_gib"] - chunked_entry["peak_active_gib"]) * GIB >= saved
+
+
 def _parameter_count(spec, args) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in spec.model_cls(args).parameters())

@@ -86,9 +86,15 @@ def _chunk_sums(hidden, weight, bias, labels, chunk_tokens, vocab_start, group, 
             continue
         grad_logits = probabilities.to(compute_dtype)
         del probabilities
-        if need_hidden:
+        # Without autocast and with one dtype throughout, the matmuls write into the gradients directly.
+        direct = not torch.is_autocast_enabled(hidden.device.type) and hidden.dtype == weight.dtype == compute_dtype
+        if need_hidden and direct:
+            torch.mm(grad_logits, weight, out=grad_hidden[rows])
+        elif need_hidden:
             grad_hidden[rows] = grad_logits @ weight  # autocast casts the weight as it did in F.linear
-        if need_weight:
+        if need_weight and direct and compute_dtype == torch.float32:
+            grad_weight.addmm_(grad_logits.t(), chunk_hidden)
+        elif need_weight:
             grad_weight += (grad_logits.t() @ chunk_hidden).float()
         if need_bias:
             grad_bias += grad_logits.sum(0).float()
@@ -116,7 +122,7 @@ def _softmax_and_loss(logits, labels, vocab_start, group, with_gradient: bool):
     loss = ((log_sum_exp - label_logit) * valid).sum()
     if not with_gradient:
         return None, loss
-    probabilities = exponentials.div_(exp_sum.unsqueeze(-1))
+    # Softmax, ignored rows zeroed in the same pass, then minus the one-hot label where it lies in this slice.
+    probabilities = exponentials.mul_((valid / exp_sum).unsqueeze(-1))
     probabilities.scatter_add_(-1, index, -here.to(probabilities.dtype).unsqueeze(-1))
-    probabilities.mul_(valid.unsqueeze(-1))
     return probabilities, loss

@@ -270,6 +270,7 @@ def dry_run(
         "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
         "unsupported": unsupported,
         "experts": expert_placement(config, layout),
+        "loss": {"chunk_tokens": layout.loss_chunk_tokens, "gradients": layout.loss_chunk_gradients},
         "rank_classes": entries,
         "unmodelled": unmodelled,
         "seconds": time.perf_counter() - start,
