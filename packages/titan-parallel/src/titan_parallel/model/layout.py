@@ -143,5 +143,6 @@ class Layout:
             text += f", async TP ({self.async_tensor_parallel})"
         if self.loss_chunk_tokens:
             gradients = "in forward" if self.loss_chunk_gradients == "in_forward" else "recomputed"
-            text += f", loss in chunks of {self.loss_chunk_tokens} tokens (gradients {gradients})"
+            # Not "loss": scripts pick the step lines out of the log by that word.
+            text += f", cross entropy in chunks of {self.loss_chunk_tokens} tokens (gradients {gradients})"
         return text
