@@ -16,11 +16,11 @@ import argparse
 import importlib.metadata
 import logging
 import sys
-from pathlib import Path
 
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError
 from titan_checkpoint.folder import read_meta, resolve_checkpoint, step_dir
 from titan_checkpoint.hf_export import export_safetensors
+from titan_checkpoint.location import as_location, is_dir
 from titan_checkpoint.storage import read_dcp_metadata, verify_files
 
 EXAMPLES = """\
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 def _list(folder: str) -> None:
     from titan_checkpoint.folder import complete_steps
 
-    if not Path(folder).is_dir():
+    if not is_dir(as_location(folder)):
         raise FileNotFoundError(f"{folder} is not a folder; give a checkpoint folder (holding step-<N> folders)")
     steps = complete_steps(folder)
     if not steps:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokenizer=args.tokenizer,
                 overwrite=args.overwrite,
             )
-            print(f"wrote {Path(out)}")
+            print(f"wrote {out}")
         elif args.command == "import":
             from titan_checkpoint.hf_convert import import_hf_checkpoint
 

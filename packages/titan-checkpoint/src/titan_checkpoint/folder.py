@@ -1,11 +1,17 @@
 """The checkpoint folder: which steps are complete, their titan_meta.json, and the rules that keep a
 crash from ever leaving a half-written checkpoint where a complete one is expected.
 
+On a local disk:
+
     <folder>/step-<N>/          a complete checkpoint: DCP files + .metadata + titan_meta.json
     <folder>/.step-<N>.tmp/     a save in progress (or interrupted by a crash): never loaded
 
 A save writes into `.step-<N>.tmp`, then titan_meta.json (with the checksums of every file) last, then
 renames the folder to `step-<N>`: the rename is atomic, so `step-<N>` exists only once it is complete.
+
+On an object store (no atomic rename; see location.py) a save writes straight into `step-<N>/`, and
+titan_meta.json, written last as one object, is the commit marker: a `step-<N>/` without it is a save
+that did not finish and is never loaded. Removing a checkpoint deletes its marker first.
 """
 
 from __future__ import annotations
@@ -14,12 +20,12 @@ import json
 import logging
 import os
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
+from titan_checkpoint import location as loc
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
-from titan_checkpoint.storage import METADATA_FILE, _write_json
+from titan_checkpoint.location import Location, as_location
+from titan_checkpoint.storage import METADATA_FILE
 
 logger = logging.getLogger("titan.checkpoint")
 
@@ -29,32 +35,37 @@ _STEP_DIR = re.compile(r"step-(\d+)")
 _TMP_DIR = re.compile(r"\.step-(\d+)\.tmp")
 
 
-def step_dir(folder: str | os.PathLike, step: int) -> Path:
-    return Path(folder) / f"step-{step}"
+def step_dir(folder: str | os.PathLike, step: int) -> Location:
+    return loc.join(as_location(folder), f"step-{step}")
 
 
-def tmp_dir(folder: str | os.PathLike, step: int) -> Path:
-    return Path(folder) / f".step-{step}.tmp"
+def tmp_dir(folder: str | os.PathLike, step: int) -> Location:
+    """Where a save of `step` writes: a temporary folder renamed into place, or (object store) the step's own."""
+    folder = as_location(folder)
+    return loc.join(folder, f".step-{step}.tmp") if loc.atomic_rename(folder) else step_dir(folder, step)
 
 
 def complete_steps(folder: str | os.PathLike) -> list[int]:
-    """Steps with a complete checkpoint in `folder`, ascending. Interrupted saves (`.step-N.tmp`) are
-    skipped; a `step-N` folder without its titan_meta.json is an error, since a save never leaves one."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
+    """Steps with a complete checkpoint in `folder`, ascending. Interrupted saves are skipped (`.step-N.tmp`,
+    or on an object store a `step-N` without its marker); a local `step-N` folder without its
+    titan_meta.json is an error, since a save never leaves one."""
+    folder = as_location(folder)
     steps = []
-    for entry in folder.iterdir():
-        match = _STEP_DIR.fullmatch(entry.name)
-        if match and entry.is_dir():
-            if not (entry / META_FILE).is_file():
+    for name, is_folder in loc.list_dir(folder):
+        match = _STEP_DIR.fullmatch(name)
+        if match and is_folder:
+            entry = loc.join(folder, name)
+            if not loc.is_file(loc.join(entry, META_FILE)):
+                if not loc.atomic_rename(folder):
+                    logger.debug(f"ignoring {entry}: no {META_FILE}, a save that did not finish")
+                    continue
                 raise CheckpointCorruptError(
-                    f"{entry / META_FILE} is missing: {entry} was not written by a complete save "
+                    f"{loc.join(entry, META_FILE)} is missing: {entry} was not written by a complete save "
                     f"(a save renames .step-N.tmp to step-N only after writing {META_FILE}); remove or repair it"
                 )
             steps.append(int(match.group(1)))
-        elif _TMP_DIR.fullmatch(entry.name):
-            logger.debug(f"ignoring {entry}: an interrupted or unfinished save")
+        elif _TMP_DIR.fullmatch(name):
+            logger.debug(f"ignoring {loc.join(folder, name)}: an interrupted or unfinished save")
     return sorted(steps)
 
 
@@ -63,12 +74,12 @@ def latest_step(folder: str | os.PathLike) -> int | None:
     return steps[-1] if steps else None
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
+def resolve_checkpoint(path: str | os.PathLike) -> Location:
     """A checkpoint given either as one step's folder or as a folder of steps (-> the latest)."""
-    path = Path(path)
-    if (path / META_FILE).is_file() or (path / METADATA_FILE).is_file():
+    path = as_location(path)
+    if loc.is_file(loc.join(path, META_FILE)) or loc.is_file(loc.join(path, METADATA_FILE)):
         return path
-    if _TMP_DIR.fullmatch(path.name):
+    if _TMP_DIR.fullmatch(loc.name_of(path)):
         raise CheckpointError(f"{path} is an interrupted save, not a complete checkpoint")
     step = latest_step(path)
     if step is None:
@@ -81,11 +92,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 def read_meta(checkpoint: str | os.PathLike) -> dict[str, Any]:
     """titan_meta.json of one checkpoint; {} for a plain DCP folder that has none."""
-    file = Path(checkpoint) / META_FILE
-    if not file.exists():
+    file = loc.join(as_location(checkpoint), META_FILE)
+    if not loc.is_file(file):
         return {}
     try:
-        meta = json.loads(file.read_text())
+        meta = json.loads(loc.read_text(file))
     except (OSError, ValueError) as e:
         raise CheckpointCorruptError(f"{file} cannot be read ({type(e).__name__}: {e}); the file is corrupt") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -94,23 +105,41 @@ def read_meta(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_meta(checkpoint: str | os.PathLike, meta: dict[str, Any]) -> None:
-    _write_json(Path(checkpoint) / META_FILE, {"format": FORMAT, **meta})
+    loc.write_json(loc.join(as_location(checkpoint), META_FILE), {"format": FORMAT, **meta})
 
 
-def commit(tmp: Path, final: Path) -> None:
-    """Make the finished save `tmp` the checkpoint `final`, replacing an older one of the same step."""
+def begin(folder: Location, step: int) -> Location:
+    """An empty place for a save of `step`, removing what an interrupted save of it left. On an object store
+    that is `step-<N>` itself: a complete checkpoint of the same step (a run resumed from an earlier step)
+    is un-committed first, so it never reads as complete with some of the new files in it."""
+    target = tmp_dir(folder, step)
+    if not loc.atomic_rename(folder):
+        loc.remove(loc.join(target, META_FILE))
+    loc.remove(target)
+    loc.make_dirs(target)
+    return target
+
+
+def commit(folder: Location, step: int, meta: dict[str, Any]) -> None:
+    """Make the finished save of `step` the checkpoint `step-<N>` by writing its titan_meta.json last: locally
+    into the temporary folder, then the atomic rename (replacing an older one of the same step); on an
+    object store the marker itself is the commit."""
+    tmp, final = tmp_dir(folder, step), step_dir(folder, step)
+    write_meta(tmp, meta)
+    if not loc.atomic_rename(folder):
+        return
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
+        loc.remove(old)
         os.rename(final, old)
     os.rename(tmp, final)
     _fsync_dir(final.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        loc.remove(old)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: os.PathLike) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -123,24 +152,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _remove_checkpoint(folder: Location, step: int) -> None:
+    """Delete a complete checkpoint so that a crash midway leaves an ignored leftover, never a partial
+    `step-N` that reads as complete: locally by renaming it to `.step-N.tmp` first, on an object store by
+    deleting its marker first."""
+    if loc.atomic_rename(folder):
+        doomed = loc.join(folder, f".step-{step}.tmp")
+        loc.remove(doomed)
+        os.rename(step_dir(folder, step), doomed)
+    else:
+        doomed = step_dir(folder, step)
+        loc.remove(loc.join(doomed, META_FILE))
+    loc.remove(doomed)
+
+
 def purge(folder: str | os.PathLike, keep_latest_k: int, just_saved: int) -> list[int]:
     """Remove all but the `keep_latest_k` highest complete steps (0 keeps all), never `just_saved` (a run
     resumed from an earlier step saves below the abandoned later ones), and interrupted saves of earlier
     steps. Returns the steps removed."""
-    folder = Path(folder)
-    for entry in folder.iterdir():
-        match = _TMP_DIR.fullmatch(entry.name)
-        if match and int(match.group(1)) < just_saved:
-            shutil.rmtree(entry, ignore_errors=True)
+    folder = as_location(folder)
+    complete = complete_steps(folder)
+    for name, _ in loc.list_dir(folder):
+        match = _TMP_DIR.fullmatch(name) or _STEP_DIR.fullmatch(name)
+        if match and int(match.group(1)) < just_saved and int(match.group(1)) not in complete:
+            loc.remove(loc.join(folder, name))
     if keep_latest_k <= 0:
         return []
-    removed = [step for step in complete_steps(folder)[:-keep_latest_k] if step != just_saved]
+    removed = [step for step in complete[:-keep_latest_k] if step != just_saved]
     for step in removed:
-        # Rename first so a crash mid-delete leaves a .tmp folder (ignored), never a partial step-N.
-        doomed = tmp_dir(folder, step)
-        shutil.rmtree(doomed, ignore_errors=True)
-        os.rename(step_dir(folder, step), doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        _remove_checkpoint(folder, step)
     if removed:
         logger.info(f"checkpoint: removed step(s) {', '.join(map(str, removed))} (keep_latest_k={keep_latest_k})")
     return removed
@@ -173,7 +213,9 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
     return diffs
 
 
-def check_fingerprint(checkpoint: Path, meta: dict[str, Any], current: dict[str, Any] | None, enforce: bool) -> None:
+def check_fingerprint(
+    checkpoint: Location, meta: dict[str, Any], current: dict[str, Any] | None, enforce: bool
+) -> None:
     """Refuse (or, with enforce=False, warn about) a checkpoint written for a different model config."""
     saved = meta.get("fingerprint")
     if current is None or saved is None:

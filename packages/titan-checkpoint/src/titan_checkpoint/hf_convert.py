@@ -13,18 +13,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from titan_checkpoint import location as loc
 from titan_checkpoint.adapters import adapter_from_hf_folder
 from titan_checkpoint.errors import CheckpointError
 from titan_checkpoint.folder import complete_steps
 from titan_checkpoint.hf_export import _dtype
-from titan_checkpoint.hf_import import hf_weight_files, load_hf_safetensors
+from titan_checkpoint.hf_import import hf_weight_files, load_hf_safetensors, local_hf_folder
 from titan_checkpoint.hf_tokenizer import TOKENIZER_FILES
+from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.progress import ByteProgress
 from titan_checkpoint.saving import save_checkpoint
 
@@ -59,12 +60,17 @@ def _tensor_bytes(files: set[Path]) -> int:
 
 def import_hf_checkpoint(
     folder: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
-) -> Path:
+) -> Location:
     """Write the Hugging Face model in `folder` as the DCP checkpoint `out/step-0` and return its path.
-    dtype: of the written tensors (default: as stored in the folder)."""
-    folder, out = Path(folder), Path(out)
+    dtype: of the written tensors (default: as stored in the folder). Either may be an object-store URL."""
+    source, out = as_location(folder), as_location(out)
     if complete_steps(out):
         raise CheckpointError(f"import destination {out} already holds checkpoints; choose an empty folder")
+    with local_hf_folder(source) as local:
+        return _import(local, source, out, dtype)
+
+
+def _import(folder: Path, source: Location, out: Location, dtype: torch.dtype | str | None) -> Location:
     name, adapter = adapter_from_hf_folder(folder)
     cast = None if dtype is None else _dtype(dtype)
     # Every tensor in memory at once: DCP writes one state dict. Tied tensors are held once, named twice.
@@ -77,14 +83,15 @@ def import_hf_checkpoint(
     if cast is not None:
         tensors = {fqn: tensor.to(cast) for fqn, tensor in tensors.items()}
     args = adapter.args_dict() if hasattr(adapter, "args_dict") else None
-    model = {"name": name, "args": args, "source": str(folder.resolve())}
+    model = {"name": name, "args": args, "source": str(source.resolve() if isinstance(source, Path) else source)}
     tokenizer_files = [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
     if tokenizer_files:
         # Beside the steps, so the checkpoint alone can be generated from; the path is relative to `out`.
-        (out / TOKENIZER_DIR).mkdir(parents=True, exist_ok=True)
+        loc.make_dirs(loc.join(out, TOKENIZER_DIR))
         for file in tokenizer_files:
-            shutil.copyfile(file, out / TOKENIZER_DIR / file.name)
+            with loc.open_file(loc.join(out, TOKENIZER_DIR, file.name), "wb") as copy:
+                copy.write(file.read_bytes())
         model["tokenizer"] = TOKENIZER_DIR
     path = save_checkpoint(out, 0, {"model": _Tensors(tensors)}, model=model)
-    logger.info(f"checkpoint: imported {folder} ({name}, {len(tensors)} tensors) as {path}")
+    logger.info(f"checkpoint: imported {source} ({name}, {len(tensors)} tensors) as {path}")
     return path

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,22 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from titan_checkpoint import location as loc
 from titan_checkpoint.adapters import adapter_from_meta
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.folder import read_meta, resolve_checkpoint
 from titan_checkpoint.hf_import import INDEX_FILE
 from titan_checkpoint.hf_tokenizer import ExportedTokenizer
+from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.progress import ByteProgress
-from titan_checkpoint.storage import SafeFileSystemReader, SafeLoadPlanner, read_dcp_metadata, verify_files
+from titan_checkpoint.storage import (
+    SafeFileSystemReader,
+    SafeFsspecReader,
+    SafeLoadPlanner,
+    checkpoint_reader,
+    read_dcp_metadata,
+    verify_files,
+)
 
 logger = logging.getLogger("titan.checkpoint")
 
@@ -84,7 +94,9 @@ def model_tensors(metadata: Any) -> list[Entry]:
     return entries
 
 
-def _read_tensor(reader: SafeFileSystemReader, key: str, info: TensorStorageMetadata) -> torch.Tensor:
+def _read_tensor(
+    reader: SafeFileSystemReader | SafeFsspecReader, key: str, info: TensorStorageMetadata
+) -> torch.Tensor:
     tensor = torch.empty(info.size, dtype=info.properties.dtype)
     dcp.load({key: tensor}, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return tensor
@@ -104,13 +116,14 @@ def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int) -> list[lis
     return shards
 
 
-def _recorded_tokenizer(checkpoint: Path, meta: dict[str, Any]) -> Path | None:
+def _recorded_tokenizer(checkpoint: Location, meta: dict[str, Any]) -> Path | None:
     """The tokenizer the checkpoint's model description names (a path; relative ones are beside the steps),
     if it is there."""
     recorded = (meta.get("model") or {}).get("tokenizer")
     if not recorded:
         return None  # none recorded, or the trainer's shipped tokenizer, which only titan-train knows
-    path = checkpoint.parent / recorded if not Path(recorded).is_absolute() else Path(recorded)
+    parent = loc.parent_of(checkpoint)
+    path = Path(recorded) if Path(recorded).is_absolute() or not isinstance(parent, Path) else parent / recorded
     return path if path.exists() else None
 
 
@@ -124,17 +137,37 @@ def export_safetensors(
     max_shard_size: int | str = "50GB",
     tokenizer: str | os.PathLike | None = None,
     overwrite: bool = False,
-) -> Path:
+) -> Location:
     """Write the model of `checkpoint` (a step folder, or a folder of steps -> the latest) to `out` in
     Hugging Face layout. adapter: default from the checkpoint's metadata (model_name overrides its
     "name"), found through the titan.hf_adapters entry points. tokenizer: a tokenizer.json (its folder's
     tokenizer_config.json comes with it) or a folder of tokenizer files, by default the one the checkpoint
     records; its BOS / EOS ids go into config.json and generation_config.json. One file, model.safetensors,
-    unless the tensors pass max_shard_size. Returns `out`."""
-    checkpoint, out, dtype = resolve_checkpoint(checkpoint), Path(out), _dtype(dtype)
+    unless the tensors pass max_shard_size. `checkpoint` and `out` may be object-store URLs (an export to
+    one is written locally, then uploaded). Returns `out`."""
+    checkpoint, out, dtype = resolve_checkpoint(checkpoint), as_location(out), _dtype(dtype)
     max_bytes = parse_size(max_shard_size)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if loc.list_dir(out) and not overwrite:
         raise CheckpointError(f"export destination {out} exists and is not empty; choose another or pass overwrite")
+    if not isinstance(out, Path):
+        with tempfile.TemporaryDirectory(prefix="titan-export-") as staging:
+            local = Path(staging) / "hf"
+            _export(checkpoint, local, adapter, model_name, dtype, max_bytes, tokenizer)
+            loc.upload_folder(local, out)
+        logger.info(f"checkpoint: uploaded the export to {out}")
+        return out
+    return _export(checkpoint, out, adapter, model_name, dtype, max_bytes, tokenizer)
+
+
+def _export(
+    checkpoint: Location,
+    out: Path,
+    adapter: Any,
+    model_name: str | None,
+    dtype: torch.dtype,
+    max_bytes: int,
+    tokenizer: str | os.PathLike | None,
+) -> Path:
     meta = read_meta(checkpoint)
     if adapter is None:
         adapter = adapter_from_meta(meta, model_name)
@@ -162,7 +195,7 @@ def export_safetensors(
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    reader = SafeFileSystemReader(checkpoint)
+    reader = checkpoint_reader(checkpoint)
     weight_map, total = {}, 0
     for n, members in enumerate(shards, start=1):
         name = SINGLE_FILE if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"

@@ -10,7 +10,9 @@ the load is refused before any tensor is read.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import tempfile
 from collections.abc import Container, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,16 +24,34 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from titan_checkpoint import location as loc
 from titan_checkpoint.adapters import model_differences, read_hf_config
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from titan_checkpoint.location import as_location
+
+logger = logging.getLogger("titan.checkpoint")
 
 INDEX_FILE = "model.safetensors.index.json"
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
-    """Whether `path` is a Hugging Face model folder (config.json and safetensors files)."""
-    path = Path(path)
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    """Whether `path` (a local folder or an object-store URL) is a Hugging Face model folder (config.json and
+    safetensors files)."""
+    names = {name for name, is_folder in loc.list_dir(as_location(path)) if not is_folder}
+    return "config.json" in names and any(name.endswith(".safetensors") for name in names)
+
+
+@contextmanager
+def local_hf_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """The Hugging Face folder `path` as a local folder: itself, or an object-store one downloaded to a
+    temporary folder (removed afterwards), since safetensors maps its files from local disk."""
+    location = as_location(path)
+    if isinstance(location, Path):
+        yield location
+        return
+    with tempfile.TemporaryDirectory(prefix="titan-hf-") as staging:
+        logger.info(f"checkpoint: downloading {location} to read it")
+        yield loc.download_folder(location, Path(staging))
 
 
 def check_hf_model(folder: str | os.PathLike, adapter: Any) -> None:

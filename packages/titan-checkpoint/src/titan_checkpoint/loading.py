@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -21,10 +20,11 @@ import torch.distributed.checkpoint as dcp
 
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, raise_from_dcp
 from titan_checkpoint.folder import check_fingerprint, read_meta, resolve_checkpoint
+from titan_checkpoint.location import Location
 from titan_checkpoint.states import DataParallelState, RankLocal
 from titan_checkpoint.storage import (
-    SafeFileSystemReader,
     SafeLoadPlanner,
+    checkpoint_reader,
     data_files,
     read_dcp_metadata,
     verify_files,
@@ -47,7 +47,7 @@ def gather_problems(problems: list[str], group: dist.ProcessGroup | None = None)
 
 
 def file_problems(
-    path: Path, meta: dict[str, Any], *, group: dist.ProcessGroup | None = None, verify_checksums: bool = True
+    path: Location, meta: dict[str, Any], *, group: dist.ProcessGroup | None = None, verify_checksums: bool = True
 ) -> list[str]:
     """What is wrong with the files of checkpoint `path` (missing, truncated, failing their CRC-32), each
     naming its file; the same list on every rank of `group` (each rank reads a share of the files)."""
@@ -69,7 +69,7 @@ def _entries(saved: dict, name: str) -> list[str]:
     return sorted(k.split(".", 1)[1] for k in saved if k.startswith(f"{name}."))
 
 
-def _rank_local_problems(path: Path, meta: dict, saved: dict, name: str, state: RankLocal, world_size: int) -> str:
+def _rank_local_problems(path: Location, meta: dict, saved: dict, name: str, state: RankLocal, world_size: int) -> str:
     have = _entries(saved, name)
     message = (
         f"{path} holds {name} state for {', '.join(have) or 'no rank'} but not for {state.key}: the parallel "
@@ -82,7 +82,7 @@ def _rank_local_problems(path: Path, meta: dict, saved: dict, name: str, state: 
 
 
 def load_states(
-    path: Path,
+    path: Location,
     meta: dict[str, Any],
     states: dict[str, Any],
     names: list[str],
@@ -139,7 +139,7 @@ def load_states(
     try:
         dcp.load(
             state_dict,
-            storage_reader=SafeFileSystemReader(path),
+            storage_reader=checkpoint_reader(path),
             planner=SafeLoadPlanner(),
             process_group=group,
             no_dist=not _distributed(),

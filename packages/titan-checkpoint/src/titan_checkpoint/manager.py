@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,11 +31,12 @@ from titan_checkpoint.folder import (
     tmp_dir,
 )
 from titan_checkpoint.hf_export import export_safetensors
-from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model
-from titan_checkpoint.loading import file_problems, load_states
+from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model, local_hf_folder
+from titan_checkpoint.loading import file_problems, gather_problems, load_states
+from titan_checkpoint.location import Location, as_location, atomic_rename, probe_writable
 from titan_checkpoint.saving import checkpoint_meta, commit_save, start_save, states_to_save
 from titan_checkpoint.states import ModelState, RankLocal, RNGState
-from titan_checkpoint.storage import ChecksumWriter
+from titan_checkpoint.storage import checksum_writer
 
 logger = logging.getLogger("titan.checkpoint")
 
@@ -73,7 +73,7 @@ class CheckpointManager:
     ):
         self.config = config or CheckpointConfig()
         self.config.validate()
-        self.folder = Path(folder)
+        self.folder = as_location(folder)
         self.states = dict(states)
         if self.config.save_rng and "rng" not in self.states:
             self.states["rng"] = RankLocal(RNGState(), required=False)
@@ -89,14 +89,30 @@ class CheckpointManager:
         self._dist = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self._dist else 0
         self.world_size = dist.get_world_size(process_group) if self._dist else 1
+        self._check_writable()
         self._pending: Future | None = None
         self._pending_step: int | None = None
         self._staging: Future | None = None
         self._last_saved: int | None = None
-        self.loaded_from: Path | None = None  # the checkpoint the last load() read
+        self.loaded_from: Location | None = None  # the checkpoint the last load() read
         self._async_pg = None
         self._stager = None
         self.async_mode = self._setup_async(self.config.async_mode)
+
+    def _check_writable(self) -> None:
+        """Rank 0 writes and deletes a small object in an object-store folder; every rank raises what failed,
+        before the first step rather than at the first save."""
+        if atomic_rename(self.folder):
+            return  # a local folder: made at the first save, like any other local output
+        problems = []
+        if self.rank == 0:
+            try:
+                probe_writable(self.folder, "checkpoint.folder")
+            except ValueError as e:
+                problems.append(str(e))
+        problems = gather_problems(problems, self._pg)
+        if problems:
+            raise CheckpointError(problems[0])
 
     # ---- saving -------------------------------------------------------------------------------------
 
@@ -147,7 +163,7 @@ class CheckpointManager:
         meta = checkpoint_meta(
             step, names, model_dtype, self.fingerprint, self.layout, self.world_size, self.model_meta
         )
-        writer = ChecksumWriter(tmp)
+        writer = checksum_writer(tmp)
         if self.async_mode == "disabled":
             try:
                 dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=not self._dist)
@@ -307,7 +323,7 @@ class CheckpointManager:
             "the folder away to start from scratch"
         )
 
-    def _check_imported_model(self, checkpoint: Path, meta: dict[str, Any]) -> None:
+    def _check_imported_model(self, checkpoint: Location, meta: dict[str, Any]) -> None:
         """A checkpoint without a fingerprint but with a model description (`titan-checkpoint import`) is
         compared by what its model is."""
         if meta.get("fingerprint") is None and meta.get("model") and self.fingerprint:
@@ -322,7 +338,8 @@ class CheckpointManager:
             raise ValueError("checkpoint.initial_load_path needs a 'model' entry in states")
         if cfg.initial_load_format == "hf" or is_hf_folder(path):
             adapter = self.hf_adapter or adapter_from_fingerprint(self.model_meta or self.fingerprint)
-            load_hf_into_model(self.states["model"].parts, path, adapter)
+            with local_hf_folder(path) as folder:
+                load_hf_into_model(self.states["model"].parts, folder, adapter)
             logger.info(f"checkpoint: initial weights from Hugging Face folder {path}")
             return 0
         checkpoint = resolve_checkpoint(path)
@@ -336,7 +353,7 @@ class CheckpointManager:
 
     # ---- export -------------------------------------------------------------------------------------
 
-    def export(self, out: str | os.PathLike, *, step: int | None = None, **kwargs: Any) -> Path:
+    def export(self, out: str | os.PathLike, *, step: int | None = None, **kwargs: Any) -> Location:
         """Rank 0 writes the checkpoint of `step` (default: the latest) in Hugging Face layout to `out`;
         kwargs go to export_safetensors (dtype, max_shard_size, tokenizer). Call on every rank."""
         self.wait()
@@ -346,4 +363,4 @@ class CheckpointManager:
             adapter = self.hf_adapter or adapter_from_meta(read_meta(checkpoint))
             export_safetensors(checkpoint, out, adapter=adapter, **kwargs)
         self._barrier()
-        return Path(out)
+        return as_location(out)

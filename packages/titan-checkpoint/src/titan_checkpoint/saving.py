@@ -1,6 +1,7 @@
-"""Writing one checkpoint, on every rank of a group: the DCP files into `.step-<N>.tmp`, then (rank 0, after
-every rank has written) titan_meta.json with the size and CRC-32 of every file, then the atomic rename to
-`step-<N>` (folder.py). A crash at any point leaves no `step-<N>` that is incomplete.
+"""Writing one checkpoint, on every rank of a group: the DCP files into `.step-<N>.tmp` (on an object store,
+into `step-<N>`), then (rank 0, after every rank has written) titan_meta.json with the size and CRC-32 of
+every file, then the atomic rename to `step-<N>` (folder.py). A crash at any point leaves no `step-<N>`
+that reads as complete.
 
 `save_checkpoint` does this once, for a caller with no run to manage (`save_seed_checkpoint`, a
 conversion); CheckpointManager does the same for each periodic save, synchronously or in the background.
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,9 +20,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from titan_checkpoint.errors import raise_from_dcp
-from titan_checkpoint.folder import commit, normalize_fingerprint, purge, step_dir, tmp_dir, write_meta
+from titan_checkpoint.folder import begin, commit, normalize_fingerprint, purge, step_dir, tmp_dir
+from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.states import ModelState
-from titan_checkpoint.storage import ChecksumWriter, collect_checksums
+from titan_checkpoint.storage import checksum_writer, collect_checksums
 
 logger = logging.getLogger("titan.checkpoint")
 
@@ -32,17 +32,15 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def start_save(folder: Path, step: int, group: dist.ProcessGroup | None) -> Path:
-    """Rank 0 makes an empty `.step-<step>.tmp` (removing what an interrupted save of this step left), and
-    every rank waits for it. Returns the folder to write into."""
-    tmp = tmp_dir(folder, step)
+def start_save(folder: Location, step: int, group: dist.ProcessGroup | None) -> Location:
+    """Rank 0 makes an empty place for the save (folder.begin), and every rank waits for it. Returns the
+    folder to write into."""
     distributed = _distributed()
     if not distributed or dist.get_rank(group) == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        begin(folder, step)
     if distributed:
         dist.barrier(group=group)
-    return tmp
+    return tmp_dir(folder, step)
 
 
 def states_to_save(states: dict[str, Any], names: list[str], model_dtype: torch.dtype | None) -> dict[str, Any]:
@@ -79,12 +77,10 @@ def checkpoint_meta(
     }
 
 
-def commit_save(folder: Path, step: int, meta: dict[str, Any], keep_latest_k: int) -> None:
-    """Rank 0, after every rank has written: checksums and titan_meta.json, the atomic rename, then the
-    retention rule (folder.purge; keep_latest_k=0 keeps every step)."""
-    tmp = tmp_dir(folder, step)
-    write_meta(tmp, {**meta, "files": collect_checksums(tmp)})
-    commit(tmp, step_dir(folder, step))
+def commit_save(folder: Location, step: int, meta: dict[str, Any], keep_latest_k: int) -> None:
+    """Rank 0, after every rank has written: checksums and titan_meta.json, the commit (folder.commit), then
+    the retention rule (folder.purge; keep_latest_k=0 keeps every step)."""
+    commit(folder, step, {**meta, "files": collect_checksums(tmp_dir(folder, step))})
     purge(folder, keep_latest_k, just_saved=step)
 
 
@@ -98,7 +94,7 @@ def save_checkpoint(
     model_dtype: torch.dtype | None = None,
     model: dict[str, Any] | None = None,
     process_group: dist.ProcessGroup | None = None,
-) -> Path:
+) -> Location:
     """Write `states` (name -> object with state_dict(), e.g. {"model": ModelState(model)} for the weights
     alone) as the complete checkpoint `<folder>/step-<step>`, synchronously, and return its path.
 
@@ -108,14 +104,14 @@ def save_checkpoint(
     state's tensors on the way out. model: what the model is (see checkpoint_meta). Every rank of
     `process_group` (default: the default group, if any) calls it.
     """
-    folder, names, distributed = Path(folder), list(states), _distributed()
+    folder, names, distributed = as_location(folder), list(states), _distributed()
     tmp = start_save(folder, step, process_group)
     start = time.perf_counter()
     state_dict = states_to_save(states, names, model_dtype)
     world_size = dist.get_world_size(process_group) if distributed else 1
     meta = checkpoint_meta(step, names, model_dtype, fingerprint, layout, world_size, model)
     try:
-        dcp.save(state_dict, storage_writer=ChecksumWriter(tmp), process_group=process_group, no_dist=not distributed)
+        dcp.save(state_dict, storage_writer=checksum_writer(tmp), process_group=process_group, no_dist=not distributed)
     except BaseException as e:
         raise_from_dcp(e, f"saving step {step} to {tmp} failed")
     if not distributed or dist.get_rank(process_group) == 0:
@@ -132,7 +128,7 @@ def save_seed_checkpoint(
     *,
     fingerprint: dict[str, Any] | None = None,
     model_meta: dict[str, Any] | None = None,
-) -> Path:
+) -> Location:
     """Write the initialized `model` as `<folder>/step-0`, model only: the seed every parallel layout
     starts from (DCP reshards it on load). Run in one process, before any training."""
     return save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=fingerprint, model=model_meta)

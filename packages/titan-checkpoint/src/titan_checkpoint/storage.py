@@ -20,20 +20,22 @@ import warnings
 import zlib
 from collections.abc import Iterable
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter, Metadata
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from titan_checkpoint import location as loc
 from titan_checkpoint.errors import CheckpointCorruptError
+from titan_checkpoint.location import Location, as_location
 
 METADATA_FILE = ".metadata"
 _SIDECAR_SUFFIX = "checksums.json"
-_CHUNK = 16 << 20
 
 # Single-process saves and loads pass no_dist=True on purpose; DCP warns about it on every call.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized, assuming")
@@ -65,11 +67,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def read_dcp_metadata(path: str | os.PathLike) -> Metadata:
     """The DCP metadata of the checkpoint folder `path`, read without running pickled code."""
-    file = Path(path) / METADATA_FILE
-    if not file.is_file():
+    file = loc.join(as_location(path), METADATA_FILE)
+    if not loc.is_file(file):
         raise CheckpointCorruptError(f"{file} is missing: {path} is not a complete DCP checkpoint")
     try:
-        with file.open("rb") as f:
+        with loc.open_file(file, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
     except Exception as e:
         raise CheckpointCorruptError(
@@ -80,11 +82,11 @@ def read_dcp_metadata(path: str | os.PathLike) -> Metadata:
     return metadata
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader that reads `.metadata` safely (once) and names the files when reading fails."""
+class _SafeReading:
+    """Over a DCP reader: reads `.metadata` safely (once) and names the files when reading fails."""
 
     def __init__(self, path: str | os.PathLike):
-        super().__init__(path)
+        super().__init__(os.fspath(path))
         self._metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -98,12 +100,26 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             return super().read_data(plan, planner)
         except Exception as e:
+            folder = as_location(self.path)
             files = sorted(
-                {str(Path(self.path) / self.storage_data[item.storage_index].relative_path) for item in plan.items}
+                {str(loc.join(folder, self.storage_data[item.storage_index].relative_path)) for item in plan.items}
             )
             raise CheckpointCorruptError(
                 f"reading {', '.join(files)} failed ({type(e).__name__}: {e}); the checkpoint is corrupt or truncated"
             ) from e
+
+
+class SafeFileSystemReader(_SafeReading, FileSystemReader):
+    """A local checkpoint's reader."""
+
+
+class SafeFsspecReader(_SafeReading, FsspecReader):
+    """An object-store checkpoint's reader (fsspec)."""
+
+
+def checkpoint_reader(path: Location) -> SafeFileSystemReader | SafeFsspecReader:
+    path = as_location(path)
+    return SafeFileSystemReader(path) if loc.atomic_rename(path) else SafeFsspecReader(path)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -156,8 +172,11 @@ class _Crc32Stream:
         return self.raw.closed
 
 
-class _ChecksummingFileSystem(FileSystem):
+class _Checksumming:
+    """Over a DCP FileSystem: records the size and CRC-32 of each file written, while writing it."""
+
     def __init__(self):
+        super().__init__()
         self.checksums: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()  # DCP may write files from several threads
 
@@ -171,53 +190,63 @@ class _ChecksummingFileSystem(FileSystem):
             stream = _Crc32Stream(raw)
             yield stream
         with self._lock:
-            self.checksums[Path(path).name] = {"size": stream.size, "crc32": stream.crc}
+            self.checksums[os.path.basename(os.fspath(path))] = {"size": stream.size, "crc32": stream.crc}
 
 
-class ChecksumWriter(FileSystemWriter):
-    """FileSystemWriter that leaves `__<rank>_checksums.json` (size and CRC-32 of each file this rank
-    wrote) beside its data files; `collect_checksums` merges them once every rank has finished."""
+class _ChecksummingFileSystem(_Checksumming, FileSystem):
+    pass
 
-    def __init__(self, path: str | os.PathLike, **kwargs: Any):
-        super().__init__(path, **kwargs)
-        self.fs = _ChecksummingFileSystem()
+
+class _ChecksummingFsspecFileSystem(_Checksumming, FsspecFileSystem):
+    pass
+
+
+class _ChecksumWriting:
+    """Over a DCP writer: leaves `__<rank>_checksums.json` (size and CRC-32 of each file this rank wrote)
+    beside its data files; `collect_checksums` merges them once every rank has finished."""
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()
         prefix = plan.storage_data.prefix
         mine = {name: c for name, c in self.fs.checksums.items() if name.startswith(prefix)}
-        _write_json(Path(self.path) / f"{prefix}{_SIDECAR_SUFFIX}", mine)
+        loc.write_json(loc.join(as_location(self.path), f"{prefix}{_SIDECAR_SUFFIX}"), mine)
         return future
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON durably: to a temporary name, fsync, then rename (atomic on POSIX)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+class ChecksumWriter(_ChecksumWriting, FileSystemWriter):
+    """A local checkpoint's writer."""
+
+    def __init__(self, path: str | os.PathLike, **kwargs: Any):
+        super().__init__(path, **kwargs)
+        self.fs = _ChecksummingFileSystem()
 
 
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+class FsspecChecksumWriter(_ChecksumWriting, FsspecWriter):
+    """An object-store checkpoint's writer (fsspec). No fsync: an object exists once its upload completes."""
+
+    def __init__(self, path: str, **kwargs: Any):
+        super().__init__(path, sync_files=False, **kwargs)
+        filesystem = _ChecksummingFsspecFileSystem()
+        self.path = filesystem.init_path(path)
+        self.fs = filesystem
+
+
+def checksum_writer(path: Location) -> ChecksumWriter | FsspecChecksumWriter:
+    path = as_location(path)
+    return ChecksumWriter(path) if loc.atomic_rename(path) else FsspecChecksumWriter(path)
 
 
 def collect_checksums(path: str | os.PathLike) -> dict[str, dict[str, int]]:
     """Merge (and remove) the per-rank checksum files of a finished save; adds `.metadata`'s own."""
-    path = Path(path)
+    path = as_location(path)
     merged: dict[str, dict[str, int]] = {}
-    for sidecar in sorted(path.glob(f"__*_{_SIDECAR_SUFFIX}")):
-        merged.update(json.loads(sidecar.read_text()))
-        sidecar.unlink()
-    metadata = path / METADATA_FILE
-    merged[METADATA_FILE] = {"size": metadata.stat().st_size, "crc32": file_crc32(metadata)}
+    sidecars = sorted(n for n, _ in loc.list_dir(path) if n.startswith("__") and n.endswith(f"_{_SIDECAR_SUFFIX}"))
+    for name in sidecars:
+        merged.update(json.loads(loc.read_text(loc.join(path, name))))
+        loc.remove(loc.join(path, name))
+    metadata = loc.join(path, METADATA_FILE)
+    merged[METADATA_FILE] = {"size": loc.size(metadata), "crc32": loc.crc32(metadata)}
     return merged
 
 
@@ -244,7 +273,7 @@ def verify_files(
     checkpoint (then only the sizes `.metadata` implies are checked). only: restrict to these file names
     (ranks split the reading between them).
     """
-    path = Path(path)
+    path = as_location(path)
     needed = _sizes_from_metadata(metadata)
     names = sorted(set(needed) | set(recorded or ()))
     if only is not None:
@@ -252,11 +281,11 @@ def verify_files(
         names = [n for n in names if n in keep]
     problems = []
     for name in names:
-        file = path / name
-        if not file.is_file():
+        file = loc.join(path, name)
+        if not loc.is_file(file):
             problems.append(f"{file} is missing")
             continue
-        size = file.stat().st_size
+        size = loc.size(file)
         want = recorded.get(name) if recorded else None
         if want is None:
             if name in needed and size < needed[name]:
@@ -266,7 +295,7 @@ def verify_files(
             continue
         if size != want["size"]:
             problems.append(f"{file} is {size} bytes but {want['size']} were written; the file is truncated or altered")
-        elif check_crc and file_crc32(file) != want["crc32"]:
+        elif check_crc and loc.crc32(file) != want["crc32"]:
             problems.append(f"{file} fails its CRC-32 check: its bytes differ from those written (corrupt file)")
     return problems
 
