@@ -95,3 +95,17 @@ def test_export_at_the_end_writes_hf_layout(tmp_path):
 def test_bad_checkpoint_values_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.async_mode='sometimes'"):
         config(tmp_path, "--checkpoint.async_mode", "sometimes")
+
+
+@pytest.mark.parametrize("key", ["folder", "export_folder", "initial_load_path"])
+def test_a_url_of_an_unsupported_scheme_is_refused_naming_the_key(tmp_path, key):
+    with pytest.raises(ConfigError, match=rf"checkpoint.{key}='ftp://example/run': the ftp:// scheme is not supported"):
+        config(tmp_path, f"--checkpoint.{key}", "ftp://example/run")
+
+
+def test_an_object_store_url_is_used_as_given_not_under_the_dump_folder(tmp_path):
+    from titan_train.run.checkpointing import resolve_folder
+
+    cfg = config(tmp_path, "--checkpoint.folder", "memory://bucket/run")
+    assert resolve_folder(cfg, cfg.checkpoint.folder) == "memory://bucket/run"
+    assert resolve_folder(cfg, "checkpoint") == str(tmp_path / "checkpoint")

@@ -34,11 +34,12 @@ from titan_checkpoint.hf_convert import import_hf_checkpoint
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model, load_hf_safetensors
 from titan_checkpoint.loading import load_checkpoint
+from titan_checkpoint.location import check_location
 from titan_checkpoint.manager import CheckpointManager
 from titan_checkpoint.saving import save_checkpoint, save_seed_checkpoint
 from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "CheckpointConfig",
@@ -54,6 +55,7 @@ __all__ = [
     "__version__",
     "adapter_from_hf_folder",
     "adapter_from_meta",
+    "check_location",
     "complete_steps",
     "export_safetensors",
     "find_hf_adapter",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from titan_checkpoint.location import check_location
+
 ASYNC_MODES = ("disabled", "async", "async_with_pinned_mem")
 LOAD_FORMATS = ("dcp", "hf")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
@@ -32,7 +34,8 @@ class CheckpointConfig:
     initial_load_path: str | None = None
     """Weights to start from when the folder holds no checkpoint: a DCP checkpoint (a step folder or a
     folder of steps) or a Hugging Face folder (config.json + safetensors, recognized whatever
-    initial_load_format says; its config.json must describe the run's model)."""
+    initial_load_format says; its config.json must describe the run's model). A local path or an
+    object-store URL (s3://bucket/prefix)."""
     initial_load_format: str = "dcp"
     """Format of initial_load_path: dcp or hf (Hugging Face safetensors, converted by the model's adapter)."""
     initial_load_model_only: bool = True
@@ -58,5 +61,6 @@ class CheckpointConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"checkpoint.{name}={value!r} must be an integer >= 0")
+        check_location(self.initial_load_path, "checkpoint.initial_load_path")
         if not isinstance(self.load_step, int) or self.load_step < -1:
             raise ValueError(f"checkpoint.load_step={self.load_step!r} must be -1 (latest) or a step >= 0")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from titan_checkpoint import CheckpointConfig
+from titan_checkpoint.location import check_location
 from titan_float8 import Float8Options
 
 
@@ -238,15 +239,21 @@ class Checkpoint(CheckpointConfig):
     enable: bool = False
     """Save checkpoints and resume from the latest complete one in the folder."""
     folder: str = "checkpoint"
-    """Checkpoint folder, relative to job.dump_folder (or absolute)."""
+    """Checkpoint folder, relative to job.dump_folder (or absolute), or an object-store URL
+    (s3://bucket/prefix; needs titan-checkpoint[s3], credentials and endpoint as s3fs takes them)."""
     export_safetensors: bool = False
     """At the end of training, also write the model in Hugging Face layout (safetensors + config.json +
     tokenizer) to export_folder, in export_dtype."""
     export_folder: str = "hf"
-    """Where export_safetensors writes, relative to job.dump_folder (or absolute)."""
+    """Where export_safetensors writes, relative to job.dump_folder (or absolute), or an object-store URL."""
     create_seed_checkpoint: bool = False
     """Write the initialized weights as step 0 of the checkpoint folder and exit (one process): every parallel
     layout can then start from the same weights."""
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("folder", "export_folder"):
+            check_location(getattr(self, key), f"checkpoint.{key}")
 
 
 @dataclass

@@ -14,13 +14,17 @@ from titan_checkpoint import (
     complete_steps,
     save_seed_checkpoint,
 )
+from titan_checkpoint.location import scheme
 from titan_parallel import ParallelDims
 from titan_train.config import ConfigError, JobConfig
 from titan_train.run.optim import LRSchedulers, Optimizers
 
 
 def resolve_folder(config: JobConfig, folder: str) -> str:
-    return folder if os.path.isabs(folder) else os.path.join(config.job.dump_folder, folder)
+    """A relative local folder is under job.dump_folder; absolute paths and object-store URLs are as given."""
+    if os.path.isabs(folder) or scheme(folder) is not None:
+        return folder
+    return os.path.join(config.job.dump_folder, folder)
 
 
 # Fields added to a model's args after checkpoints were written, with the value those checkpoints had:
