@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any
 
-from titan_checkpoint import location as loc
+import titan_checkpoint.location as loc
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.storage import METADATA_FILE

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from titan_checkpoint import location as loc
+import titan_checkpoint.location as loc
 from titan_checkpoint.adapters import adapter_from_hf_folder
 from titan_checkpoint.errors import CheckpointError
 from titan_checkpoint.folder import complete_steps

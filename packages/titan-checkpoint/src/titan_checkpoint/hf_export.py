@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from titan_checkpoint import location as loc
+import titan_checkpoint.location as loc
 from titan_checkpoint.adapters import adapter_from_meta
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.folder import read_meta, resolve_checkpoint

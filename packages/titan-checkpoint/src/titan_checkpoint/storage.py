@@ -30,7 +30,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, Fsspec
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from titan_checkpoint import location as loc
+import titan_checkpoint.location as loc
 from titan_checkpoint.errors import CheckpointCorruptError
 from titan_checkpoint.location import Location, as_location
 
