@@ -23,6 +23,7 @@ from titan_checkpoint import (
     load_checkpoint,
     read_meta,
 )
+from titan_checkpoint.cli import main
 from titan_checkpoint.storage import FsspecChecksumWriter
 
 KILL_SCRIPT = Path(__file__).with_name("kill_during_save.py")
@@ -157,22 +158,29 @@ def test_an_unreachable_endpoint_is_an_error_naming_the_url(s3_endpoint, monkeyp
         toy_run("s3://any-bucket/run")
 
 
-def test_kill_9_before_the_commit_leaves_the_previous_checkpoint(store_url, tmp_path):
+@pytest.mark.parametrize(
+    ("stage", "signal_line"),
+    [("data", "WRITING"), ("commit", "COMMITTING")],
+    ids=["halfway_through_a_data_file", "before_the_marker"],
+)
+def test_kill_9_during_a_save_leaves_the_previous_checkpoint(store_url, tmp_path, stage, signal_line):
     if not store_url.startswith("s3://"):
         pytest.skip("memory:// lives in one process: a killed process takes it along")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(KILL_SCRIPT), store_url, "commit"], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, str(KILL_SCRIPT), store_url, stage], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
-        line = proc.stdout.readline()  # blocks until every file of step 2 is written, the marker not yet
-        assert line.strip() == "COMMITTING", f"script ended early: {line!r} (exit code {proc.poll()})"
+        line = proc.stdout.readline()  # blocks until the save of step 2 stalls where `stage` says
+        assert line.strip() == signal_line, f"script ended early: {line!r} (exit code {proc.poll()})"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert "step-2/.metadata" in files(store_url) and "step-2/titan_meta.json" not in files(store_url)
+    assert "step-2/titan_meta.json" not in files(store_url)
+    if stage == "commit":  # every file of step 2 is there but its marker
+        assert "step-2/.metadata" in files(store_url)
     assert complete_steps(store_url) == [1]
     resumed = toy_run(store_url, seed=1, config=CheckpointConfig(interval=1))
     assert resumed.manager.load() == 1
@@ -180,3 +188,16 @@ def test_kill_9_before_the_commit_leaves_the_previous_checkpoint(store_url, tmp_
     reference.step()
     for name, value in params(resumed.model).items():
         assert torch.equal(value, params(reference.model)[name]), name
+    resumed.step()
+    resumed.manager.save(2)  # replaces what the killed save left
+    assert complete_steps(store_url) == [1, 2]
+
+
+def test_cli_lists_and_verifies_a_checkpoint_in_the_store(store_url, capsys):
+    train_and_save(store_url, 2, CheckpointConfig(interval=1))
+    assert main(["list", store_url]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count("step-") == 2 and "step-2" in listing
+    assert main(["verify", store_url]) == 0
+    assert f"{store_url}/step-2: ok (sizes and CRC-32s)" in capsys.readouterr().out
+    assert main(["list", f"{store_url}-nothing-here"]) == 2
