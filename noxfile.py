@@ -7,11 +7,13 @@ nox -s lower_bound       titan-train's tests against the lowest sibling versions
 nox -s train             train the debug model on the embedded data
 nox -s integration_gpu   the integration cases on NCCL (skips, saying so, without GPUs)
 nox -s slow              every test marked slow, stress ones included (`nox -s integration -- -m 'not slow'`
-                         leaves integration's out, for a quick pass)
+                         leaves integration's out, for a quick pass), then torch_next
+nox -s torch_next        every package's unit tests and representative integration cases on torch 2.14
 nox -s gpu_check         the checks one CUDA GPU can make (tools/gpu_check.py; lists them without CUDA)
 """
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -37,10 +39,10 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests", "integration", "packaging", "lower_bound"]
 
 
-def _torch_installs() -> list[list[str]]:
+def _torch_installs(constraints: str = CONSTRAINTS) -> list[list[str]]:
     """pip arguments installing the pinned torch first and alone, so no dependency can pull another (CUDA)
     build; with TORCH_INDEX, torch itself comes from there and its own dependencies from the usual index."""
-    pinned = ["-c", CONSTRAINTS, "torch"]
+    pinned = ["-c", constraints, "torch"]
     return [["--no-deps", "--index-url", TORCH_INDEX, *pinned], pinned] if TORCH_INDEX else [pinned]
 
 
@@ -100,10 +102,51 @@ def integration_gpu(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Tests marked slow, in every package and in integration."""
+    """Tests marked slow, in every package and in integration; then the suite on the next torch."""
     _install(session, *PACKAGES)
     paths = [str(ROOT / "packages" / p / "tests") for p in PACKAGES] + [str(ROOT / "integration")]
     _pytest(session, *paths, "-m", "slow")
+    session.notify("torch_next")
+
+
+# The newest torch the packages' ranges allow besides constraints.txt's. On these machines its wheel is the
+# CUDA build (about 5 GB installed; it runs on CPU), hence not in the default sessions.
+TORCH_NEXT = "2.14.1"
+# One integration case per parallelism, a resume, and the dry run's checks against a real run: what uses
+# torch's private APIs most (titan-parallel's, titan-train's dry run, titan-checkpoint's DCP storage).
+TORCH_NEXT_CASES = [
+    "test_parallel_parity.py::test_layout_matches_single_process[fsdp2]",
+    "test_parallel_parity.py::test_layout_matches_single_process[tp2]",
+    "test_parallel_parity.py::test_layout_matches_single_process[cp2]",
+    "test_parallel_parity.py::test_layout_matches_single_process[fsdp2_compile_ac_full]",
+    "test_parallel_parity.py::test_layout_matches_single_process[tp2_async]",
+    "test_parallel_parity.py::test_layout_matches_single_process[simple_fsdp2]",
+    "test_parallel_parity.py::test_layout_with_its_own_reference_matches_single_process[pp2_1f1b_ac_full]",
+    "test_parallel_parity.py::test_layout_with_its_own_reference_matches_single_process[fsdp2_tp2_pp2]",
+    "test_parallel_parity.py::test_layout_with_its_own_reference_matches_single_process[tp2_float8]",
+    "test_checkpoint_resume.py::test_fsdp2_resume_is_bit_identical",
+    "test_object_store.py",
+    "test_dry_run_vs_mem_tracker.py",
+    "test_dry_run_fake_runtime.py",
+    "test_memory_lean.py",
+]
+
+
+@nox.session
+def torch_next(session: nox.Session) -> None:
+    """Every package's unit tests and representative integration cases on TORCH_NEXT, with the rest of
+    constraints.txt unchanged (torchao, torchdata and transformers included)."""
+    constraints = Path(session.create_tmp()).resolve() / "constraints-torch-next.txt"
+    pinned = re.sub(r"(?m)^torch==.*$", f"torch=={TORCH_NEXT}", Path(CONSTRAINTS).read_text())
+    constraints.write_text(pinned)
+    for args in _torch_installs(str(constraints)):
+        session.install(*args)
+    session.install("-c", str(constraints), *[f"{ROOT / 'packages' / p}[test]" for p in PACKAGES], "transformers")
+    session.run("python", "-c", f"import torch; assert torch.__version__.startswith('{TORCH_NEXT}'), torch.__version__")
+    for package in PACKAGES:
+        _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not slow")
+    cases = [str(ROOT / "integration" / case) for case in TORCH_NEXT_CASES]
+    _pytest(session, *cases, "-m", "not gpu and not stress", "--durations=10")
 
 
 @nox.session

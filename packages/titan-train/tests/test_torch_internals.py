@@ -93,6 +93,25 @@ def test_pipeline_stage_meta_methods_have_the_patched_signatures():
     assert _StageBackwardMeta(backward_metas=metas).backward_metas == metas
 
 
+def test_the_schedule_warm_up_sets_each_stage_inference_mode_through_the_patched_method():
+    """`pipeline_meta_exchange` replaces `_PipelineSchedule._warmup_p2p` (the static/dynamic vote): it must still
+    be what a schedule calls before its first step, with these parameters, and `_inference_mode` what it sets."""
+    from torch.distributed.pipelining._utils import InferenceMode
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+    assert list(inspect.signature(_PipelineSchedule._warmup_p2p).parameters) == [
+        "self",
+        "stages",
+        "has_backward",
+        "p2p_done",
+    ]
+    assert "self._warmup_p2p(stages, self._has_backward, p2p_done)" in inspect.getsource(_PipelineSchedule)
+    with _fake_group(0, 2), ti.pipeline_meta_exchange(lambda stage: (torch.empty(2, 4),)):
+        stage = PipelineStage(nn.Linear(4, 6), stage_index=0, num_stages=2, device=torch.device("cpu"))
+        _PipelineSchedule._warmup_p2p(None, [stage], True, False)
+    assert stage._inference_mode is InferenceMode.DYNAMIC
+
+
 def test_a_middle_stage_exchanges_its_metadata_only_through_recv_and_send_meta():
     """Stage 1 of 3 on rank 1 of 3: both neighbours on other ranks. Its metadata inference receives the
     hidden states from stage 0 and output grads from stage 2 by `_recv_meta` and sends by `_send_meta` alone."""

@@ -1,7 +1,7 @@
 """Writing one checkpoint, on every rank of a group: the DCP files into `.step-<N>.tmp` (on an object store,
 into `step-<N>`), then (rank 0, after every rank has written) titan_meta.json with the size and CRC-32 of
-every file, then the atomic rename to `step-<N>` (folder.py). A crash at any point leaves no `step-<N>`
-that reads as complete.
+every file, then the commit (folder.py: the atomic rename to `step-<N>`; on an object store the marker
+itself). A crash at any point leaves no `step-<N>` that reads as complete.
 
 `save_checkpoint` does this once, for a caller with no run to manage (`save_seed_checkpoint`, a
 conversion); CheckpointManager does the same for each periodic save, synchronously or in the background.

@@ -216,6 +216,19 @@ def _warnings(entry: dict, config: JobConfig, layout: Layout, capacity_gib: floa
     return found
 
 
+def _child_context() -> multiprocessing.context.BaseContext:
+    """How the simulating processes start: forked from this one, except under a CUDA build of torch, whose
+    autograd engine starts threads at the first backward, after which a forked child's backward fails ("Unable
+    to handle autograd's threading in combination with fork-based multiprocessing"): a process that trained
+    before its dry run (a test suite, a notebook) forks from a clean fork server instead, which imports this
+    module once."""
+    if not torch.backends.cuda.is_built():
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def dry_run(
     config: JobConfig, world_size: int, device_memory_gib: float = 80.0, every_pipeline_rank: bool = False
 ) -> dict:
@@ -238,8 +251,8 @@ def dry_run(
     start = time.perf_counter()
     entries = []
     # Each class in a fresh process: torch caches per-mesh state (DTensor's sharding and redistribute
-    # plans) that a second fake process group in the same process would find stale. Forked: nothing to
-    # re-import. Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once,
+    # plans) that a second fake process group in the same process would find stale. Forked (_child_context):
+    # nothing to re-import. Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once,
     # and the last one does not run alone after the others.
     at_once = max(1, min(len(classes), 2 * (os.cpu_count() or 1)))
     for first in range(0, len(classes), at_once):
@@ -251,7 +264,7 @@ def dry_run(
                     f"dry run: simulating {rank_class.name}, rank {rank_class.representative} "
                     f"({index + 1}/{len(classes)})"
                 )
-                child = children.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")))
+                child = children.enter_context(ProcessPoolExecutor(1, mp_context=_child_context()))
                 futures.append(
                     child.submit(
                         _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator

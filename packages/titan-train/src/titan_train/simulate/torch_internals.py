@@ -6,7 +6,8 @@ there, by name, instead of deep inside a dry run.
 - FakeTensorMode: `unset_fake_temporarily`, `FakeTensor.constant`, the ops scalar reads dispatch to (`SCALAR_READS`);
   pytree's `tree_leaves` (an op's tensor arguments).
 - Pipeline metadata exchange: `PipelineStage._recv_meta` / `_send_meta` and the `_StageForwardMeta` /
-  `_StageBackwardMeta` they carry (`pipeline_meta_exchange`).
+  `_StageBackwardMeta` they carry, and the schedule's `_warmup_p2p` vote between static and dynamic metadata
+  inference, with `InferenceMode` (`pipeline_meta_exchange`).
 - `torch.utils.swap_tensors` refusing weakly referenced tensors, FakeTensorMode's weak caches holding such refs,
   found with `gc.get_referrers` (`swap_tensors_dropping_weak_caches`, `drop_weak_cache_entries`).
 - FSDP2's communication streams: `FSDPCommContext.lazy_init` creates them, FSDP enters them with
@@ -77,16 +78,30 @@ def pipeline_meta_exchange(hidden_states: Callable[[PipelineStage], tuple[torch.
 
     # Imported only when a pipeline is simulated: these are newer than the rest of what is used here (torch 2.13
     # has them, 2.11 does not), so a dry run without PP also runs on older torch (the GPU check's machine).
-    from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwardMeta, extract_tensor_metas
+    from torch.distributed.pipelining._utils import (
+        InferenceMode,
+        _StageBackwardMeta,
+        _StageForwardMeta,
+        extract_tensor_metas,
+    )
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
     def recv_meta(self, src_stage: int):
         if src_stage < self.stage_index:
             return _StageForwardMeta(forward_metas=extract_tensor_metas(hidden_states(self)))
         return _StageBackwardMeta(backward_metas=self._stage_meta.outputs)
 
+    def infer_dynamically(self, stages, has_backward: bool, p2p_done: bool) -> None:
+        # Before its first step a schedule votes over the group between static metadata (given to the stage's
+        # constructor; we give none) and dynamic inference. Over a fake group torch 2.13's vote reads zeros and
+        # picks dynamic; 2.14 refuses dynamic inference there. The simulated exchange above makes it work.
+        for stage in stages:
+            stage._inference_mode = InferenceMode.DYNAMIC
+
     with (
         mock.patch.object(PipelineStage, "_recv_meta", recv_meta),
         mock.patch.object(PipelineStage, "_send_meta", lambda self, meta, dst_stage: None),
+        mock.patch.object(_PipelineSchedule, "_warmup_p2p", infer_dynamically),
     ):
         yield
 
