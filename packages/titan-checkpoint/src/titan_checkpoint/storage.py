@@ -25,8 +25,13 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter, Metadata
-from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+try:  # torch 2.15 makes the module public (deprecating the private one); its FileSystem stays private
+    from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
+    from torch.distributed.checkpoint.fsspec_filesystem import _FileSystem as FsspecFileSystem
+except ImportError:  # torch 2.13, 2.14
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner.load_bytes uses
 from torch.distributed.checkpoint.filesystem import FileSystem
 
