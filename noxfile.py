@@ -12,6 +12,7 @@ nox -s torch_next        every package's unit tests and representative integrati
 nox -s gpu_check         the checks one CUDA GPU can make (tools/gpu_check.py; lists them without CUDA)
 """
 
+import functools
 import os
 import re
 import shutil
@@ -37,6 +38,30 @@ TEST_ONLY_SIBLINGS = {
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests", "integration", "packaging", "lower_bound"]
+
+# Each session's venv holds its own torch (about 1 GB): kept, the default run's ten venvs need about 10 GB,
+# more than a CI machine's disk has had free (one CI run died of ENOSPC at the fourth). So a session's venv,
+# its tmp folder included, is removed when the session ends, pass or fail; TITAN_NOX_KEEP_VENVS=1 keeps them
+# for a developer rerunning one session (nox reuses a kept venv).
+KEEP_VENVS = os.environ.get("TITAN_NOX_KEEP_VENVS") == "1"
+
+
+def session(*args, **kwargs):
+    """nox.session, with the session's venv removed when it ends unless KEEP_VENVS."""
+
+    def decorate(func):
+        @functools.wraps(func)
+        def run(session: nox.Session, **params):
+            try:
+                func(session, **params)
+            finally:
+                location = getattr(session.virtualenv, "location", None)
+                if not KEEP_VENVS and location:
+                    shutil.rmtree(location, ignore_errors=True)
+
+        return nox.session(*args, **kwargs)(run)
+
+    return decorate
 
 
 def _torch_installs(constraints: str = CONSTRAINTS) -> list[list[str]]:
@@ -67,7 +92,7 @@ def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
     )
 
 
-@nox.session
+@session()
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """One package's unit tests, with only that package, its declared dependencies and its test-only
@@ -78,7 +103,7 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not slow")
 
 
-@nox.session
+@session()
 def integration(session: nox.Session) -> None:
     """The trainer on CPU/gloo ranks (forked from a process that imported torch once: integration/launch_helpers.py;
     torchrun itself where the launch is what a test checks); transformers checks the HF export."""
@@ -90,7 +115,7 @@ def integration(session: nox.Session) -> None:
     _pytest(session, str(ROOT / "integration"), "-m", "not gpu and not stress", "--durations=25")
 
 
-@nox.session
+@session()
 def integration_gpu(session: nox.Session) -> None:
     """The integration cases on NCCL; skips, saying so, where there is no GPU."""
     _install(session, *PACKAGES)
@@ -100,7 +125,7 @@ def integration_gpu(session: nox.Session) -> None:
     _pytest(session, str(ROOT / "integration"), "-m", "not slow", env={"TITAN_TEST_BACKEND": "nccl"})
 
 
-@nox.session
+@session()
 def slow(session: nox.Session) -> None:
     """Tests marked slow, in every package and in integration; then the suite on the next torch."""
     _install(session, *PACKAGES)
@@ -132,7 +157,7 @@ TORCH_NEXT_CASES = [
 ]
 
 
-@nox.session
+@session()
 def torch_next(session: nox.Session) -> None:
     """Every package's unit tests and representative integration cases on TORCH_NEXT, with the rest of
     constraints.txt unchanged (torchao, torchdata and transformers included)."""
@@ -149,14 +174,14 @@ def torch_next(session: nox.Session) -> None:
     _pytest(session, *cases, "-m", "not gpu and not stress", "--durations=10")
 
 
-@nox.session
+@session()
 def train(session: nox.Session) -> None:
     """Train the debug model on the embedded data (extra arguments go to titan-train)."""
     _install(session, *PACKAGES, extras="")
     session.run("titan-train", "--config", str(ROOT / "configs" / "debug_model.toml"), *session.posargs)
 
 
-@nox.session
+@session()
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", str(ROOT))
@@ -235,7 +260,7 @@ def _history_rows(session: nox.Session, *args: str) -> list[list[str]]:
     return [line.split("\t") for line in out.splitlines() if line.count("\t") == 3]
 
 
-@nox.session
+@session()
 def packaging(session: nox.Session) -> None:
     """Every package's wheel and sdist built (the wheel from the sdist) and checked (twine check --strict,
     tools/check_dists.py); each wheel installed alone, with only its declared dependencies, in a fresh venv
@@ -291,7 +316,7 @@ SIBLING_FREE_TESTS = [
 ]
 
 
-@nox.session(reuse_venv=False)
+@session(reuse_venv=False)
 def lower_bound(session: nox.Session) -> None:
     """titan-train from the tree with each sibling at the lowest version titan-train's ranges allow, built
     from the commit that set that version (a version only the tree sets stands for itself): the ranges
@@ -315,7 +340,7 @@ def lower_bound(session: nox.Session) -> None:
     _pytest(session, str(tests), "-m", "not slow", *[f"--ignore={tests / name}" for name in SIBLING_FREE_TESTS])
 
 
-@nox.session
+@session()
 def gpu_check(session: nox.Session) -> None:
     """The checks one GPU can make, within a time budget (tools/gpu_check.py; results in gpu_results/). Not in
     the default sessions: without CUDA it lists the checks and says nothing ran."""
