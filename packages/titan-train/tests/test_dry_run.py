@@ -76,6 +76,52 @@ def test_a_bad_world_size_is_a_config_error_before_any_work(args, message, capsy
     assert "config error" in err and message in err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dry-run", "--gpu", "h1000"], "--gpu 'h1000' is not a known GPU; known: h100-sxm-96gb-500w, h100-sxm-80gb"),
+        (["--gpu", "h200-sxm"], "--gpu is for --dry-run"),
+        (["--dry-run", "--gpu-override", "tflops=1"], "--gpu-override tflops=...: not a GPU figure; known: bf16_flops"),
+        (["--dry-run", "--gpu-override", "bf16_flops"], "--gpu-override 'bf16_flops': expected KEY=VALUE"),
+        (["--dry-run", "--gpu-override", "bf16_flops=-1"], "expected KEY=VALUE with a number > 0"),
+    ],
+)
+def test_a_bad_gpu_is_a_config_error_before_any_work(args, message, capsys):
+    assert cli.main(["--config", str(ROOT / "configs/debug_model.toml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "config error" in err and message in err
+
+
+def test_the_step_time_is_predicted_and_fsdp_hides_the_gathers_tp_exposes(tmp_path, capsys):
+    config = ["--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2"]
+    fsdp = _dry_run(tmp_path, *config, "--parallelism.data_parallel_shard_degree", "2", "--gpu", "a100-sxm-80gb")
+    out = capsys.readouterr().out
+    assert "# step time on a100-sxm-80gb (eager), predicted: " in out and "tokens/s per GPU, MFU " in out
+    summary = fsdp["step_time"]
+    assert summary["gpu"]["name"] == "a100-sxm-80gb" and summary["compiled"] is False
+    (entry,) = fsdp["rank_classes"]
+    timed = entry["step_time"]
+    assert summary["step_seconds"] == timed["step_seconds"] > 0
+    assert timed["step_seconds"] == pytest.approx(timed["compute_seconds"] + timed["exposed_communication_seconds"])
+    assert summary["tokens_per_second_per_gpu"] == pytest.approx(8 * 256 / timed["step_seconds"])
+    assert summary["mfu"] == pytest.approx(entry["flops_per_step"] / timed["step_seconds"] / 312e12)
+    # FSDP prefetches: part of its gathers and reduce-scatters hide behind compute.
+    assert 0 < timed["exposed_communication_seconds"] < 0.9 * timed["communication_seconds"]
+    # TP's collectives are consumed at once: nearly all exposed.
+    tp = _dry_run(tmp_path, *config, "--parallelism.tensor_parallel_degree", "2", "--gpu", "a100-sxm-80gb")
+    tp_timed = tp["rank_classes"][0]["step_time"]
+    assert tp_timed["exposed_communication_seconds"] > 0.9 * tp_timed["communication_seconds"] > 0
+    # One GPU per node: the same FSDP collectives cross nodes, at the NIC's bandwidth instead of NVLink's.
+    across = _dry_run(
+        tmp_path, *config, "--parallelism.data_parallel_shard_degree", "2", "--gpu", "a100-sxm-80gb",
+        "--gpu-override", "gpus_per_node=1",
+    )  # fmt: skip
+    across_timed = across["rank_classes"][0]["step_time"]
+    assert across["step_time"]["gpu"]["gpus_per_node"] == 1
+    assert across_timed["communication_seconds"] == pytest.approx(timed["communication_seconds"] * 300 / 25)
+    assert across_timed["compute_seconds"] == pytest.approx(timed["compute_seconds"])
+
+
 def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_path, capsys, monkeypatch):
     """Llama 3.1 8B on 8 GPUs (configs/paper/t1_fsdp.toml): what its dry run holds follows from FSDP alone, and
     its reserved peak is within 5% of the paper's 82.4 GiB (allocator as TorchTitan's launcher sets it, 96 GiB

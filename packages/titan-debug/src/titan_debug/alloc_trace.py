@@ -212,10 +212,10 @@ class AllocationTracker:
 
     # --- recording ---------------------------------------------------------------------------------------
 
-    def _current_phase(self) -> str:
+    def current_phase(self) -> str:
         return self._phases[-1] if self._phases else DEFAULT_PHASE
 
-    def _current_stream(self) -> str:
+    def current_stream(self) -> str:
         return self._streams[-1] if self._streams else DEFAULT_STREAM
 
     def _counts(self, t: torch.Tensor) -> bool:
@@ -268,7 +268,7 @@ class AllocationTracker:
         return ids
 
     def _start_tracking(self, storage: torch.UntypedStorage, op: str) -> None:
-        live = _LiveStorage(-1, 0, op, self._current_stream())
+        live = _LiveStorage(-1, 0, op, self.current_stream())
         self._watch(storage, live)
         self._set_size(live, storage.nbytes())
 
@@ -284,11 +284,11 @@ class AllocationTracker:
             live.block = self._next_block
             self._next_block += 1
             live.nbytes = nbytes
-            self._append(AllocEvent("alloc", nbytes, live.block, live.op, self._current_phase(), live.stream))
+            self._append(AllocEvent("alloc", nbytes, live.block, live.op, self.current_phase(), live.stream))
         else:
             live.block, live.nbytes = -1, 0
         if old_nbytes > 0:
-            self._append(AllocEvent("free", old_nbytes, old_block, live.op, self._current_phase(), live.stream))
+            self._append(AllocEvent("free", old_nbytes, old_block, live.op, self.current_phase(), live.stream))
 
     def _append(self, event: AllocEvent) -> None:
         self.events.append(event)
@@ -303,7 +303,7 @@ class AllocationTracker:
             return
         live.holders -= 1
         if live.holders == 0 and live.nbytes > 0 and self._active:
-            self._append(AllocEvent("free", live.nbytes, live.block, live.op, self._current_phase(), live.stream))
+            self._append(AllocEvent("free", live.nbytes, live.block, live.op, self.current_phase(), live.stream))
 
     # FSDP2 frees and re-allocates unsharded parameters by resizing their storage; the dispatcher never sees it.
     def _patch_resize(self) -> None:
@@ -321,7 +321,7 @@ class AllocationTracker:
                     tracker._start_tracking(storage, RESIZE_OP)
             elif storage.nbytes() != live.nbytes:
                 if live.nbytes == 0:  # re-allocated: it comes from the resize, on the stream in use now
-                    live.op, live.stream = RESIZE_OP, tracker._current_stream()
+                    live.op, live.stream = RESIZE_OP, tracker.current_stream()
                 tracker._set_size(live, storage.nbytes())
             return result
 

@@ -1,8 +1,11 @@
 """`titan-train`'s dry-run flags (`--dry-run`, `--world-size N`, `--device-memory-gib G`,
-`--every-pipeline-rank`): taken off the command line before the config's own parser sees the rest."""
+`--every-pipeline-rank`, `--gpu NAME`, `--gpu-override KEY=VALUE`): taken off the command line before the
+config's own parser sees the rest."""
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
+from titan_debug.devices import DEFAULT_DEVICE, DEVICES, DeviceSpec
 from titan_train.config import ConfigError
 
 HELP = {
@@ -10,7 +13,12 @@ HELP = {
     "each rank class on one CPU (fake process group and fake tensors) and report per-rank memory "
     "(<dump_folder>/dry_run.json); needs no torchrun and no GPU",
     "--world-size N": "with --dry-run: the number of ranks (GPUs) to simulate (default: torchrun's WORLD_SIZE, else 1)",
-    "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: 80)",
+    "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: "
+    "the --gpu's, 80 for the default one)",
+    "--gpu NAME": f"with --dry-run: the GPU whose step time is predicted, one of {', '.join(DEVICES)} (default: "
+    f"{DEFAULT_DEVICE})",
+    "--gpu-override KEY=VALUE": "with --dry-run: change one of the --gpu's figures (repeatable), e.g. "
+    "inter_node_bandwidth=25e9 (bytes/s), bf16_flops=8e14, gpus_per_node=4",
     "--every-pipeline-rank": "with --dry-run: simulate each pipeline rank, not one per kind (first, middle, last: "
     "the middle class reports its worst rank)",
 }
@@ -20,15 +28,37 @@ HELP = {
 class DryRunOptions:
     enabled: bool = False
     world_size: int | None = None
-    device_memory_gib: float = 80.0
+    device_memory_gib: float | None = None
     every_pipeline_rank: bool = False
+    gpu: str | None = None
+    gpu_overrides: dict[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
         """The flags that only a dry run takes are refused without --dry-run."""
         if self.world_size is not None and not self.enabled:
             raise ConfigError("command line: --world-size is for --dry-run; under torchrun the world size is its own")
-        if self.every_pipeline_rank and not self.enabled:
-            raise ConfigError("command line: --every-pipeline-rank is for --dry-run")
+        for flag, given in (
+            ("--every-pipeline-rank", self.every_pipeline_rank),
+            ("--gpu", self.gpu is not None),
+            ("--gpu-override", bool(self.gpu_overrides)),
+        ):
+            if given and not self.enabled:
+                raise ConfigError(f"command line: {flag} is for --dry-run")
+        self.gpu_spec()
+
+    def gpu_spec(self) -> DeviceSpec:
+        """The --gpu's figures with the --gpu-override ones."""
+        name = self.gpu or DEFAULT_DEVICE
+        if name not in DEVICES:
+            raise ConfigError(f"command line: --gpu {name!r} is not a known GPU; known: {', '.join(DEVICES)}")
+        known = {f.name for f in dataclasses.fields(DeviceSpec)} - {"name", "source"}
+        unknown = sorted(set(self.gpu_overrides) - known)
+        if unknown:
+            raise ConfigError(
+                f"command line: --gpu-override {unknown[0]}=...: not a GPU figure; known: {', '.join(sorted(known))}"
+            )
+        figures = {k: int(v) if k == "gpus_per_node" else v for k, v in self.gpu_overrides.items()}
+        return DEVICES[name].replace(**figures)
 
 
 def split_dry_run_options(argv: list[str]) -> tuple[DryRunOptions, list[str]]:
@@ -43,18 +73,45 @@ def split_dry_run_options(argv: list[str]) -> tuple[DryRunOptions, list[str]]:
             options.every_pipeline_rank = True
         elif arg.partition("=")[0] in ("--world-size", "--device-memory-gib"):
             i = _number_option(options, arg, argv, i)
+        elif arg.partition("=")[0] in ("--gpu", "--gpu-override"):
+            name, value, i = _value(arg, argv, i)
+            if name == "--gpu":
+                options.gpu = value
+            else:
+                key, value = _figure(value)
+                options.gpu_overrides[key] = value
         else:
             rest.append(arg)
     return options, rest
 
 
-def _number_option(options: DryRunOptions, arg: str, argv: list[str], i: int) -> int:
-    """`--world-size N` / `--device-memory-gib G` (also with `=`); returns the index after the value."""
+def _value(arg: str, argv: list[str], i: int) -> tuple[str, str, int]:
+    """A flag's name and value (`--flag value` or `--flag=value`) and the index after them."""
     name, eq, value = arg.partition("=")
     if not eq:
         if i >= len(argv) or argv[i].startswith("--"):
             raise ConfigError(f"command line: {name} needs a value")
         value, i = argv[i], i + 1
+    return name, value, i
+
+
+def _figure(text: str) -> tuple[str, float]:
+    key, eq, value = text.partition("=")
+    try:
+        number = float(value) if eq else None
+    except ValueError:
+        number = None
+    if number is None or number <= 0:
+        raise ConfigError(
+            f"command line: --gpu-override {text!r}: expected KEY=VALUE with a number > 0, "
+            "e.g. inter_node_bandwidth=25e9"
+        )
+    return key, number
+
+
+def _number_option(options: DryRunOptions, arg: str, argv: list[str], i: int) -> int:
+    """`--world-size N` / `--device-memory-gib G` (also with `=`); returns the index after the value."""
+    name, value, i = _value(arg, argv, i)
     try:
         number = int(value) if name == "--world-size" else float(value)
     except ValueError:

@@ -51,7 +51,7 @@ def _train(argv: list[str]) -> int:
     if dry.enabled:
         from titan_train.simulate.dry_run import dry_run
 
-        dry_run(config, world_size, dry.device_memory_gib, dry.every_pipeline_rank)
+        dry_run(config, world_size, dry.device_memory_gib, dry.every_pipeline_rank, dry.gpu_spec())
         return EXIT_OK
     layout = resolve_layout(config, world_size)  # every config check, before any process group
     from titan_train.run.trainer import train

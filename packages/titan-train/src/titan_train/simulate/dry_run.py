@@ -20,6 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
+from titan_debug.devices import DEFAULT_DEVICE, DeviceSpec, get_device
+from titan_debug.op_trace import OpTrace
+from titan_debug.step_time import predict
 from titan_models import get_model_spec
 from titan_parallel.model.layout import DataParallel
 from titan_train.config import ConfigError, JobConfig, to_toml
@@ -138,14 +141,22 @@ def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtyp
 
 
 def simulate(
-    config: JobConfig, world_size: int, rank_class: RankClass, capacity_bytes: int, expandable_segments: bool = False
+    config: JobConfig,
+    world_size: int,
+    rank_class: RankClass,
+    capacity_bytes: int,
+    expandable_segments: bool = False,
+    gpu: DeviceSpec | None = None,
+    compiled: bool = False,
 ) -> dict:
-    """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures."""
+    """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures and
+    its last step's predicted time on `gpu` (default: DEFAULT_DEVICE; `compiled`: as torch.compile runs it)."""
     layout = resolve_layout(config, world_size)
     pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
     env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
+    trace = OpTrace()
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):
-        tracker, held, trainer = measure_steps(config, env, STEPS, layout)
+        tracker, held, trainer = measure_steps(config, env, STEPS, layout, trace)
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
@@ -157,6 +168,8 @@ def simulate(
     spec = get_model_spec(config.model.name)
     flops = spec.flops_per_token(trainer.model_args, config.training.seq_len) * tokens_per_step(config, layout)
     flops //= world_size
+    gpu = gpu or get_device(DEFAULT_DEVICE)
+    timed = predict(trace.ops, gpu, compiled)
     return {
         "ranks": rank_class.ranks,
         "name": rank_class.name,
@@ -173,15 +186,26 @@ def simulate(
         "activations_gib": activations / GIB,
         "bytes_by_phase_at_peak": by_phase,
         "flops_per_step": flops,
+        "step_time": timed.as_dict(),
+        "tokens_per_second_per_gpu": tokens_per_step(config, layout) / world_size / timed.seconds,
+        # The paper's MFU: the model's FLOPs over the bf16 peak, float8 matmuls included.
+        "mfu": flops / timed.seconds / gpu.bf16_flops,
     }
 
 
 def _simulate_reporting_errors(
-    config: JobConfig, world_size: int, rank_class: RankClass, capacity_gib: float, allocator: AllocatorSetting
+    config: JobConfig,
+    world_size: int,
+    rank_class: RankClass,
+    capacity_gib: float,
+    allocator: AllocatorSetting,
+    gpu: DeviceSpec,
+    compiled: bool,
 ):
     """`simulate` in a child process: an error comes back as text (torch's exceptions may not pickle)."""
     try:
-        return simulate(config, world_size, rank_class, int(capacity_gib * GIB), allocator.expandable_segments)
+        capacity = int(capacity_gib * GIB)
+        return simulate(config, world_size, rank_class, capacity, allocator.expandable_segments, gpu, compiled)
     except ConfigError:
         raise
     except Exception as error:
@@ -230,13 +254,21 @@ def _child_context() -> multiprocessing.context.BaseContext:
 
 
 def dry_run(
-    config: JobConfig, world_size: int, device_memory_gib: float = 80.0, every_pipeline_rank: bool = False
+    config: JobConfig,
+    world_size: int,
+    device_memory_gib: float | None = None,
+    every_pipeline_rank: bool = False,
+    gpu: DeviceSpec | None = None,
 ) -> dict:
     """Resolve the layout (a config refused only for torch.compile is modelled eager), print the config and
     the layout, simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
 
     The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
-    `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py)."""
+    `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py).
+    `gpu`: the device whose step time is predicted (default DEFAULT_DEVICE); its memory is the capacity
+    unless `device_memory_gib` is given."""
+    gpu = gpu or get_device(DEFAULT_DEVICE)
+    device_memory_gib = device_memory_gib or gpu.memory_gib
     check_world_size(world_size)
     allocator = allocator_setting()  # raises config errors before any work, as does the layout
     layout, unsupported = resolve_dry_run_layout(config, world_size)
@@ -267,7 +299,14 @@ def dry_run(
                 child = children.enter_context(ProcessPoolExecutor(1, mp_context=_child_context()))
                 futures.append(
                     child.submit(
-                        _simulate_reporting_errors, sim_config, world_size, rank_class, device_memory_gib, allocator
+                        _simulate_reporting_errors,
+                        sim_config,
+                        world_size,
+                        rank_class,
+                        device_memory_gib,
+                        allocator,
+                        gpu,
+                        config.compile.enable,
                     )
                 )
             batch_entries = [future.result() for future in futures]
@@ -285,7 +324,8 @@ def dry_run(
         "experts": expert_placement(config, layout),
         "loss": {"chunk_tokens": layout.loss_chunk_tokens, "gradients": layout.loss_chunk_gradients},
         "rank_classes": entries,
-        "unmodelled": unmodelled,
+        "step_time": step_time_summary(entries, gpu, config.compile.enable),
+        "unmodelled": unmodelled + step_time_unmodelled(layout),
         "seconds": time.perf_counter() - start,
     }
     os.makedirs(config.job.dump_folder, exist_ok=True)
@@ -293,6 +333,29 @@ def dry_run(
         json.dump(report, f, indent=2)
     print(format_report(report))
     return report
+
+
+def step_time_summary(entries: list[dict], gpu: DeviceSpec, compiled: bool) -> dict:
+    """The run's predicted step: as slow as its slowest rank class."""
+    slowest = max(entries, key=lambda e: e["step_time"]["step_seconds"])
+    return {
+        "gpu": dataclasses.asdict(gpu),
+        "compiled": compiled,
+        "step_seconds": slowest["step_time"]["step_seconds"],
+        "tokens_per_second_per_gpu": slowest["tokens_per_second_per_gpu"],
+        "mfu": slowest["mfu"],
+        "slowest_rank_class": slowest["name"],
+    }
+
+
+def step_time_unmodelled(layout: Layout) -> list[str]:
+    found = [
+        "step time: kernel launches and CPU overhead (a GPU-bound step), small collectives' latency, overlapping "
+        "streams' contention for SMs and memory, NCCL's tree algorithms"
+    ]
+    if layout.pipeline:
+        found.append("step time: pipeline bubbles (the simulated receives return at once)")
+    return found
 
 
 def expert_placement(config: JobConfig, layout: Layout) -> dict | None:
@@ -343,9 +406,33 @@ def format_report(report: dict) -> str:
             f"group holds experts {per_rank}p..{per_rank}p+{per_rank - 1}; {len(groups)} groups of "
             f"{len(groups[0])} neighbouring ranks), each FSDP-sharded over {experts['expert_fsdp_degree']} ranks"
         )
+    lines += _step_time_lines(report)
     lines += [f"# unsupported: {u}" for u in report["unsupported"]]
     lines += [f"# not modelled: {u}" for u in report["unmodelled"]]
     return "\n".join(lines)
+
+
+def _step_time_lines(report: dict) -> list[str]:
+    summary = report.get("step_time")
+    if not summary:
+        return []
+    how = "compiled" if summary["compiled"] else "eager"
+    lines = [
+        f"# step time on {summary['gpu']['name']} ({how}), predicted: {_seconds(summary['step_seconds'])}, "
+        f"{summary['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU, MFU {summary['mfu']:.1%}"
+    ]
+    for e in report["rank_classes"]:
+        t = e["step_time"]
+        lines.append(
+            f"#   {e['name']}: {_seconds(t['step_seconds'])} = compute {_seconds(t['compute_seconds'])} + exposed "
+            f"communication {_seconds(t['exposed_communication_seconds'])} (all communication "
+            f"{_seconds(t['communication_seconds'])})"
+        )
+    return lines
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 def _allocator_text(allocator: dict) -> str:

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
 from titan_debug.alloc_trace import AllocationTracker
+from titan_debug.op_trace import OpTrace
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout
@@ -26,19 +27,24 @@ from titan_train.simulate.torch_internals import fsdp_comm_streams
 
 
 def measure_steps(
-    config: JobConfig, env: RunEnv, steps: int, layout: Layout | None = None
+    config: JobConfig, env: RunEnv, steps: int, layout: Layout | None = None, trace: OpTrace | None = None
 ) -> tuple[AllocationTracker, dict[str, int], Trainer]:
     """Build the Trainer (on synthetic batches; `layout`: the config's, if already resolved) and run `steps`
     steps under the tracker. Returns the tracker, the bytes this rank holds after them (run/held_bytes.py:
-    params, grads, optimizer) and the trainer."""
+    params, grads, optimizer) and the trainer. `trace`: an OpTrace of the tracker that ends holding the last
+    step's ops (the first step's lazy initialization left out), each labelled with the tracker's phase and stream."""
     tracker = AllocationTracker(device_type=env.device.type)
+    if trace is not None:
+        trace.labels = tracker
     labels = _PhaseLabels(tracker)
-    with tracker, _fsdp_streams(tracker, env.device.type):
+    with tracker, _fsdp_streams(tracker, env.device.type), trace or contextlib.nullcontext():
         with tracker.phase("build"):
             trainer = Trainer(config, env, layout=layout, batches=synthetic_batches(config))
         labels.attach(trainer)
         with labels:
             for _ in range(steps):
+                if trace is not None:
+                    trace.clear()
                 trainer.step()
         labels.close()
         held = held_bytes(trainer.parameters(), trainer.optimizer.optimizers)

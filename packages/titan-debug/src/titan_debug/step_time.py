@@ -1,0 +1,163 @@
+"""A training step's time on a GPU, predicted from its op trace (op_trace.py) and the device's figures
+(devices.py): every op timed alone, then placed on its stream, waiting for what it reads.
+
+Op time (roofline): a matmul or attention op takes the longer of its FLOPs at the device's attainable rate
+for its dtype (float8 at the float8 rate) and its bytes at the attainable memory bandwidth; any other op its
+bytes. torch.compile fuses runs of memory-bound ops into one kernel: with `compiled`, each such run on a
+stream moves only the bytes that enter it and those that leave it (read later, or updated in place), its
+intermediates never reaching memory.
+
+Collective time: NCCL's ring algorithms, each rank moving (n-1)/n of the buffer once (all-gather,
+reduce-scatter, all-to-all) or twice (all-reduce), at the bandwidth of the slowest link the group crosses:
+within a node the GPU's NVLink share, across nodes its NIC. A send or receive moves the buffer once.
+
+Overlap: each stream (the default one; FSDP2's all-gather copy-in, all-gather, reduce-scatter and all-reduce
+streams; NCCL's stream for collectives issued from the default stream) runs its ops in order. An op starts when
+its stream is free, when the ops that wrote what it reads have finished (a collective's consumer waits for
+it, as `wait_tensor` and FSDP's events make it), and, on a side stream, not before the default stream reached
+the point where it was issued (FSDP waits for the current stream before it gathers or reduces). So FSDP's
+prefetched all-gathers hide behind the previous block's compute, a reduce-scatter behind the next block's
+backward, while TP's collectives, consumed at once, are exposed.
+
+Efficiency constants, the same for every device and row (three, each with its source):
+- MATMUL_EFFICIENCY 0.75: large bf16 GEMMs reach about 700-750 of the H100 SXM's 989 TFLOP/s in cuBLAS
+  (NVIDIA's published H100 GEMM benchmarks; the TorchTitan paper's 8B runs report 33-39% MFU for whole steps).
+- MEMORY_EFFICIENCY 0.85: STREAM-like copies reach about 85-90% of HBM's datasheet bandwidth.
+- LINK_EFFICIENCY 0.8: nccl-tests' bus bandwidth for large messages reaches about 80% of NVLink's and of a
+  400 Gb/s NIC's line rate.
+
+Not modelled: kernel launch and CPU overhead (a GPU-bound step), latency of small collectives, contention
+between overlapping streams for the SMs and HBM, NCCL's tree algorithms, and pipeline bubbles (a fake
+process group's receives return at once: the schedule's waiting is not in the trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from titan_debug.devices import DeviceSpec
+from titan_debug.op_trace import Collective, TracedOp
+
+MATMUL_EFFICIENCY = 0.75
+MEMORY_EFFICIENCY = 0.85
+LINK_EFFICIENCY = 0.8
+DEFAULT_STREAM = "default"
+# Where a collective issued from the default stream runs: NCCL's own stream, which the default stream waits for
+# only when it reads the result.
+COLLECTIVE_STREAM = "nccl"
+
+
+@dataclass
+class StepTime:
+    seconds: float
+    compute_seconds: float
+    """Busy time of the default (compute) stream."""
+    exposed_communication_seconds: float
+    """Time the default stream waits for communication."""
+    communication_seconds: float
+    """All collectives' time, hidden or not."""
+    by_phase: dict[str, float] = field(default_factory=dict)
+    """Default-stream busy seconds per phase."""
+
+    def as_dict(self) -> dict:
+        return {
+            "step_seconds": self.seconds,
+            "compute_seconds": self.compute_seconds,
+            "exposed_communication_seconds": self.exposed_communication_seconds,
+            "communication_seconds": self.communication_seconds,
+            "compute_seconds_by_phase": self.by_phase,
+        }
+
+
+def op_seconds(op: TracedOp, device: DeviceSpec) -> float:
+    """One op alone on the device: the roofline of its FLOPs and its bytes."""
+    memory = op.nbytes / (device.memory_bandwidth * MEMORY_EFFICIENCY)
+    if not op.flops:
+        return memory
+    return max(op.flops / (device.matmul_flops(op.dtype) * MATMUL_EFFICIENCY), memory)
+
+
+def link_bandwidth(ranks: tuple[int, ...], device: DeviceSpec) -> float:
+    """Attainable bytes/s of the slowest link a group crosses (ranks numbered node by node)."""
+    nodes = {rank // device.gpus_per_node for rank in ranks}
+    bandwidth = device.inter_node_bandwidth if len(nodes) > 1 else device.intra_node_bandwidth
+    return bandwidth * LINK_EFFICIENCY
+
+
+def collective_seconds(collective: Collective, device: DeviceSpec) -> float:
+    n = len(collective.ranks)
+    if collective.kind in ("send", "recv"):
+        return collective.nbytes / link_bandwidth(collective.ranks or (0, device.gpus_per_node), device)
+    if n <= 1:
+        return 0.0
+    passes = 2 if collective.kind == "all_reduce" else 1
+    return passes * (n - 1) / n * collective.nbytes / link_bandwidth(collective.ranks, device)
+
+
+def _fused_runs(ops: list[TracedOp]) -> list[list[int]]:
+    """Runs of memory-bound ops on one stream with no matmul or collective of that stream between them."""
+    runs, open_runs = [], {}
+    for i, op in enumerate(ops):
+        if op.collective is not None or op.flops:
+            runs.append(open_runs.pop(op.stream, []))
+        elif op.nbytes:
+            open_runs.setdefault(op.stream, []).append(i)
+    return [run for run in runs + list(open_runs.values()) if len(run) > 1]
+
+
+def _fuse(ops: list[TracedOp], seconds: list[float], device: DeviceSpec) -> list[float]:
+    """torch.compile's fusion: each run of memory-bound ops becomes one kernel, which reads once each storage it
+    does not produce itself and writes once each storage read after it or that existed before it (an in-place
+    update); what it produces and nothing reads afterwards stays in registers."""
+    last_read: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        for key, _ in op.reads:
+            last_read[key] = i
+    fused = list(seconds)
+    for run in _fused_runs(ops):
+        produced: set[int] = set()
+        reads: dict[int, int] = {}
+        writes: dict[int, int] = {}
+        for i in run:
+            for key, nbytes in ops[i].reads:
+                if key not in produced:
+                    reads[key] = max(reads.get(key, 0), nbytes)
+            for key, nbytes in ops[i].writes:
+                writes[key] = max(writes.get(key, 0), nbytes)
+                produced.add(key)
+        kept = sum(n for key, n in writes.items() if key in reads or last_read.get(key, -1) > run[-1])
+        for i in run:
+            fused[i] = 0.0
+        fused[run[0]] = (sum(reads.values()) + kept) / (device.memory_bandwidth * MEMORY_EFFICIENCY)
+    return fused
+
+
+def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> StepTime:
+    """The time of the ops of one step (in the order they were issued) on `device`."""
+    seconds = [collective_seconds(op.collective, device) if op.collective else op_seconds(op, device) for op in ops]
+    if compiled:
+        seconds = _fuse(ops, seconds, device)
+    free: dict[str, float] = {}  # stream -> when it is next free
+    ready: dict[int, float] = {}  # storage key -> when its last writer finishes
+    busy, waiting, communication = 0.0, 0.0, 0.0
+    by_phase: dict[str, float] = {}
+    for op, duration in zip(ops, seconds, strict=True):
+        stream = op.stream
+        if op.collective is not None and stream == DEFAULT_STREAM:
+            stream = COLLECTIVE_STREAM
+        issued = free.get(DEFAULT_STREAM, 0.0)
+        start = max([free.get(stream, 0.0), issued] + [ready.get(key, 0.0) for key, _ in op.reads])
+        end = start + duration
+        free[stream] = end
+        for key, _ in op.writes:
+            ready[key] = end
+        if op.collective is not None:
+            communication += duration
+        elif stream == DEFAULT_STREAM:
+            waiting += start - issued
+            busy += duration
+            by_phase[op.phase] = by_phase.get(op.phase, 0.0) + duration
+    total = max(free.values(), default=0.0)
+    # What the default stream waits for: inputs other streams produce, and at the end their last work.
+    waiting += total - free.get(DEFAULT_STREAM, 0.0)
+    return StepTime(total, busy, waiting, communication, by_phase)

@@ -1,0 +1,209 @@
+"""The step-time model on cases computed by hand: a matmul, a memory-bound op, collectives within and across
+nodes, an FSDP prefetch that hides a gather and a consumed-at-once collective that does not, compile's fusion;
+and the op trace's FLOPs, bytes and collectives on real tensors and a fake process group."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from titan_debug import step_time
+from titan_debug.devices import DEVICES, DeviceSpec, get_device
+from titan_debug.op_trace import Collective, OpTrace, TracedOp
+from titan_debug.step_time import LINK_EFFICIENCY, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, predict
+
+# Round figures, so every expected time below is arithmetic on the page.
+DEVICE = DeviceSpec(
+    name="round",
+    bf16_flops=1e12,
+    fp8_flops=2e12,
+    tf32_flops=5e11,
+    fp32_flops=1e11,
+    memory_bandwidth=1e9,
+    intra_node_bandwidth=1e8,
+    inter_node_bandwidth=1e7,
+    gpus_per_node=4,
+    memory_gib=1,
+    source="test",
+)
+
+
+def traced(fn, *args):
+    with OpTrace() as trace:
+        fn(*args)
+    return [op for op in trace.ops if op.nbytes or op.flops or op.collective]
+
+
+def test_a_bf16_matmul_is_timed_at_the_bf16_rate_or_by_its_bytes():
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16)
+    (op,) = traced(torch.mm, a, b)
+    assert op.flops == 2 * 64 * 32 * 16
+    assert op.nbytes == (64 * 32 + 32 * 16 + 64 * 16) * 2
+    assert op.dtype == torch.bfloat16
+    compute = 2 * 64 * 32 * 16 / (1e12 * MATMUL_EFFICIENCY)
+    memory = (64 * 32 + 32 * 16 + 64 * 16) * 2 / (1e9 * MEMORY_EFFICIENCY)
+    assert step_time.op_seconds(op, DEVICE) == pytest.approx(max(compute, memory))
+    fast_memory = DEVICE.replace(memory_bandwidth=1e15)
+    assert step_time.op_seconds(op, fast_memory) == pytest.approx(compute)
+
+
+def test_a_float8_matmul_runs_at_the_float8_rate_where_the_device_has_one():
+    op = TracedOp("aten.mm.default", "", "default", 10**12, 0, torch.float8_e4m3fn, (), ())
+    assert step_time.op_seconds(op, DEVICE) == pytest.approx(1e12 / (2e12 * MATMUL_EFFICIENCY))
+    assert step_time.op_seconds(op, DEVICE.replace(fp8_flops=None)) == pytest.approx(1 / MATMUL_EFFICIENCY)
+
+
+def test_a_memory_bound_op_is_timed_by_its_bytes():
+    x, y = torch.randn(1000), torch.randn(1000)
+    (op,) = traced(torch.add, x, y)
+    assert (op.flops, op.nbytes) == (0, 3 * 1000 * 4)
+    assert step_time.op_seconds(op, DEVICE) == pytest.approx(12000 / (1e9 * MEMORY_EFFICIENCY))
+
+
+def test_views_and_empty_tensors_move_nothing():
+    x = torch.randn(8, 8)
+    assert traced(lambda: (x.view(64), x.t(), torch.empty(100), x[2:])) == []
+
+
+def test_causal_attention_counts_half_of_the_full_attention():
+    q = torch.randn(2, 4, 32, 8)
+    (full,) = traced(F.scaled_dot_product_attention, q, q, q)
+    (causal,) = traced(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert full.flops == 4 * 2 * 4 * 32 * 32 * 8  # Q·Kᵀ and P·V, 2 FLOPs per multiply-add
+    assert causal.flops == full.flops // 2
+
+
+def test_collectives_within_a_node_use_nvlink_and_across_nodes_the_nic():
+    within = Collective("all_gather", 4_000_000, (0, 1, 2, 3))
+    across = Collective("all_gather", 4_000_000, (0, 4))
+    assert step_time.collective_seconds(within, DEVICE) == pytest.approx(3 / 4 * 4e6 / (1e8 * LINK_EFFICIENCY))
+    assert step_time.collective_seconds(across, DEVICE) == pytest.approx(1 / 2 * 4e6 / (1e7 * LINK_EFFICIENCY))
+    all_reduce = Collective("all_reduce", 4_000_000, (0, 1, 2, 3))
+    assert step_time.collective_seconds(all_reduce, DEVICE) == pytest.approx(
+        2 * step_time.collective_seconds(within, DEVICE)
+    )
+    assert step_time.collective_seconds(Collective("all_reduce", 10**9, (3,)), DEVICE) == 0
+
+
+def _compute(seconds: float, reads=(), writes=(), phase="forward") -> TracedOp:
+    """A memory-bound op on the default stream that takes `seconds` on DEVICE."""
+    nbytes = round(seconds * 1e9 * MEMORY_EFFICIENCY)
+    return TracedOp("aten.add.Tensor", phase, "default", 0, nbytes, torch.float32, _keys(reads), _keys(writes))
+
+
+def _keys(keys) -> tuple[tuple[int, int], ...]:
+    return tuple((key, 1) for key in keys)
+
+
+def _gather(seconds: float, writes, stream: str) -> TracedOp:
+    """An all-gather over 2 ranks of one node that takes `seconds` on DEVICE."""
+    nbytes = round(seconds * 1e8 * LINK_EFFICIENCY * 2)
+    return TracedOp("c10d._allgather_base_.default", "forward", stream, 0, 0, None, (), _keys(writes),
+                    Collective("all_gather", nbytes, (0, 1)))  # fmt: skip
+
+
+def test_an_fsdp_prefetch_hides_its_gather_behind_the_previous_blocks_compute():
+    # Block 1's compute (1 s), then its successor's gather prefetched on FSDP's stream (0.5 s), issued before
+    # block 1's second op (1 s); block 2 reads the gathered weights after it.
+    ops = [_compute(1.0), _gather(0.5, (7,), "all_gather"), _compute(1.0), _compute(1.0, reads=(7,))]
+    predicted = predict(ops, DEVICE)
+    assert predicted.seconds == pytest.approx(3.0)
+    assert predicted.exposed_communication_seconds == pytest.approx(0.0, abs=1e-9)
+    assert predicted.communication_seconds == pytest.approx(0.5)
+
+
+def test_a_collective_consumed_at_once_is_exposed():
+    # TP: the gathered activations are the next op's input.
+    ops = [_compute(1.0), _gather(0.5, (7,), "default"), _compute(1.0, reads=(7,)), _compute(1.0)]
+    predicted = predict(ops, DEVICE)
+    assert predicted.seconds == pytest.approx(3.5)
+    assert predicted.exposed_communication_seconds == pytest.approx(0.5)
+    assert predicted.compute_seconds == pytest.approx(3.0)
+
+
+def test_a_gather_longer_than_the_compute_it_hides_behind_shows_the_difference():
+    ops = [_compute(1.0), _gather(1.5, (7,), "all_gather"), _compute(1.0), _compute(1.0, reads=(7,))]
+    predicted = predict(ops, DEVICE)
+    assert predicted.seconds == pytest.approx(3.5)  # the gather runs 1.0-2.5, the last block 2.5-3.5
+    assert predicted.exposed_communication_seconds == pytest.approx(0.5)
+
+
+def test_work_left_on_a_side_stream_at_the_end_is_exposed():
+    reduce_scatter = TracedOp("c10d._reduce_scatter_base_.default", "backward", "reduce_scatter", 0, 0, None, (), (),
+                              Collective("reduce_scatter", round(2 * 1e8 * LINK_EFFICIENCY * 2), (0, 1)))  # fmt: skip
+    predicted = predict([_compute(1.0), reduce_scatter], DEVICE)
+    assert predicted.seconds == pytest.approx(3.0)
+    assert predicted.exposed_communication_seconds == pytest.approx(2.0)
+
+
+def test_compile_fuses_a_run_of_memory_bound_ops_into_one_pass_over_what_enters_and_leaves_it():
+    x, w = torch.randn(256, 64), torch.randn(64, 64)
+
+    def block(x):
+        y = torch.relu(x * 2 + 1)  # three elementwise ops: x in, y out, two intermediates in between
+        return y @ w
+
+    ops = traced(block, x)
+    assert [op.name for op in ops] == ["aten.mul.Tensor", "aten.add.Tensor", "aten.relu.default", "aten.mm.default"]
+    fast_math = DEVICE.replace(bf16_flops=1e18, fp32_flops=1e18, tf32_flops=1e18)
+    per_byte = 1 / (1e9 * MEMORY_EFFICIENCY)
+    tensor = 256 * 64 * 4
+    matmul = step_time.op_seconds(ops[-1], fast_math)
+    assert predict(ops, fast_math).seconds == pytest.approx(3 * 2 * tensor * per_byte + matmul)
+    # Fused: x read once, y written once (the matmul reads it); the two intermediates never reach memory.
+    assert predict(ops, fast_math, compiled=True).seconds == pytest.approx(2 * tensor * per_byte + matmul)
+
+
+def test_compile_keeps_an_in_place_update_and_drops_what_nothing_reads():
+    p, g = torch.randn(1000), torch.randn(1000)
+
+    def update(p, g):
+        p.add_(g * 0.1)  # g read, g*0.1 an intermediate, p read and written in place
+
+    ops = traced(update, p, g)
+    per_byte = 1 / (1e9 * MEMORY_EFFICIENCY)
+    assert predict(ops, DEVICE, compiled=True).seconds == pytest.approx(3 * 4000 * per_byte)
+
+
+@pytest.fixture
+def fake_group():
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_trace_records_collectives_with_their_size_and_group(fake_group):
+    shard = torch.randn(1000)
+    full = torch.empty(4000)
+    group = dist.new_group([0, 1])
+    with OpTrace() as trace:
+        dist.all_gather_into_tensor(full, shard)
+        dist.all_reduce(shard, group=group)
+        torch.distributed._functional_collectives.all_gather_tensor(shard, 0, group).wait()
+    collectives = [op.collective for op in trace.ops if op.collective]
+    assert collectives == [
+        Collective("all_gather", 16000, (0, 1, 2, 3)),
+        Collective("all_reduce", 4000, (0, 1)),
+        Collective("all_gather", 8000, (0, 1)),
+    ]
+    gather, *_ = (op for op in trace.ops if op.collective)
+    (wait,) = (op for op in trace.ops if op.name.startswith("_c10d_functional.wait_tensor"))
+    functional = [op for op in trace.ops if op.collective][-1]
+    assert {k for k, _ in wait.reads} & {k for k, _ in functional.writes}  # the wait reads what it wrote
+    assert gather.writes  # the in-place all-gather writes its output argument
+
+
+def test_every_device_has_the_figures_the_model_needs():
+    for name, device in DEVICES.items():
+        assert device.name == name
+        assert device.bf16_flops > 1e14 and device.memory_bandwidth > 1e12 and device.gpus_per_node == 8
+        assert device.intra_node_bandwidth > device.inter_node_bandwidth > 0
+    assert DEVICES["a100-sxm-80gb"].fp8_flops is None
+    assert DEVICES["h100-sxm-80gb"].fp8_flops == 2 * DEVICES["h100-sxm-80gb"].bf16_flops
+    paper = DEVICES["h100-sxm-96gb-500w"]
+    assert DEVICES["h100-sxm-80gb"].bf16_flops > paper.bf16_flops > 835.5e12  # between SXM and NVL
+    with pytest.raises(KeyError, match="unknown GPU 'h1000'; known: h100-sxm-96gb-500w"):
+        get_device("h1000")
+    with pytest.raises(ValueError, match=r"unknown device figure\(s\) \['tflops'\]"):
+        paper.replace(tflops=1)
