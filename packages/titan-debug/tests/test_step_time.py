@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from titan_debug import step_time
+from titan_debug import pipeline_time, step_time
 from titan_debug.devices import DEVICES, DeviceSpec, get_device
 from titan_debug.op_trace import Collective, OpTrace, TracedOp
 from titan_debug.step_time import LINK_EFFICIENCY, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, predict
@@ -207,3 +207,56 @@ def test_every_device_has_the_figures_the_model_needs():
         get_device("h1000")
     with pytest.raises(ValueError, match=r"unknown device figure\(s\) \['tflops'\]"):
         paper.replace(tflops=1)
+
+
+def _one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[int, str, int]]:
+    warmup = min(n, pp - rank)
+    order = [(rank, "F", m) for m in range(warmup)]
+    for m in range(n):
+        order += [(rank, "B", m)] + ([(rank, "F", warmup + m)] if warmup + m < n else [])
+    return order
+
+
+def test_a_1f1b_pipeline_has_the_textbook_bubble():
+    # 2 stages, 4 micro-batches, F 1 s and B 2 s each: (n + p - 1)(F + B) = 15 s, of which each rank computes
+    # 12: a bubble of (p - 1)(F + B) = 3 s on each.
+    order = {rank: _one_f_one_b(rank, 2, 4) for rank in range(2)}
+    timeline = pipeline_time.simulate_schedule(order, {0: 1.0, 1: 1.0}, {0: 2.0, 1: 2.0}, transfer=0.0)
+    assert timeline.seconds == pytest.approx(15.0)
+    assert timeline.busy == {0: 12.0, 1: 12.0}
+    assert timeline.bubble(0) == pytest.approx(3.0) and timeline.finish[1] == pytest.approx(13.0)
+    # With 0.5 s per transfer, rank 0 waits for each gradient: B0 at 5-7, B1 8-10, B2 12-14, B3 15-17 (by hand:
+    # each waits for rank 1's B of the micro-batch, which waited for the activations sent after rank 0's F).
+    slow_link = pipeline_time.simulate_schedule(order, {0: 1.0, 1: 1.0}, {0: 2.0, 1: 2.0}, transfer=0.5)
+    assert slow_link.seconds == pytest.approx(17.0)
+
+
+def test_more_micro_batches_shrink_the_bubble_share_and_gpipe_waits_like_1f1b():
+    order = {rank: _one_f_one_b(rank, 4, 16) for rank in range(4)}
+    timeline = pipeline_time.simulate_schedule(order, dict.fromkeys(range(4), 1.0), dict.fromkeys(range(4), 2.0), 0.0)
+    assert timeline.seconds == pytest.approx((16 + 3) * 3.0)
+    gpipe = {rank: [(rank, "F", m) for m in range(16)] + [(rank, "B", m) for m in range(16)] for rank in range(4)}
+    same = pipeline_time.simulate_schedule(gpipe, dict.fromkeys(range(4), 1.0), dict.fromkeys(range(4), 2.0), 0.0)
+    assert same.seconds == pytest.approx(timeline.seconds)
+
+
+def test_a_split_backward_lets_weight_gradients_fill_the_bubble():
+    # 2 stages, 2 micro-batches: with B split into I and W and the W's deferred, stage 0's I can start as soon
+    # as stage 1's I is done, half a B earlier.
+    full = {
+        0: [(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "B", 1)],
+        1: [(1, "F", 0), (1, "B", 0), (1, "F", 1), (1, "B", 1)],
+    }
+    split = {
+        0: [(0, "F", 0), (0, "F", 1), (0, "I", 0), (0, "I", 1), (0, "W", 0), (0, "W", 1)],
+        1: [(1, "F", 0), (1, "I", 0), (1, "F", 1), (1, "I", 1), (1, "W", 0), (1, "W", 1)],
+    }
+    times = ({0: 1.0, 1: 1.0}, {0: 2.0, 1: 2.0})
+    assert pipeline_time.simulate_schedule(full, *times, 0.0).seconds == pytest.approx(9.0)
+    assert pipeline_time.simulate_schedule(split, *times, 0.0).seconds == pytest.approx(8.0)
+
+
+def test_a_schedule_that_cannot_progress_is_an_error():
+    deadlock = {0: [(0, "B", 0), (0, "F", 0)], 1: [(1, "F", 0), (1, "B", 0)]}
+    with pytest.raises(ValueError, match="cannot progress"):
+        pipeline_time.simulate_schedule(deadlock, {0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0}, 0.0)

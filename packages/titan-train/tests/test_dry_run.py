@@ -122,6 +122,33 @@ def test_the_step_time_is_predicted_and_fsdp_hides_the_gathers_tp_exposes(tmp_pa
     assert across_timed["compute_seconds"] == pytest.approx(timed["compute_seconds"])
 
 
+def test_pipeline_bubbles_come_from_the_schedules_action_order(tmp_path):
+    """The schedule replayed with each stage's traced time: 1F1B's first rank waits (p - 1) micro-batches'
+    forward and backward of its neighbour; interleaving two stages per rank shortens that."""
+    config = [
+        "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2", "--validation.enable", "false",
+        "--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
+        "--training.seq_len", "64",
+    ]  # fmt: skip
+    bubbles = {}
+    for schedule in ("1F1B", "Interleaved1F1B"):
+        report = _dry_run(tmp_path, *config, "--parallelism.pipeline_parallel_schedule", schedule)
+        first, last = report["rank_classes"]
+        for entry in (first, last):
+            timed = entry["step_time"]
+            parts = timed["compute_seconds"] + timed["exposed_communication_seconds"] + timed["bubble_seconds"]
+            assert timed["step_seconds"] == pytest.approx(parts)
+            assert "pipeline_order" not in entry
+        assert report["step_time"]["step_seconds"] == max(
+            first["step_time"]["step_seconds"], last["step_time"]["step_seconds"]
+        )
+        bubbles[schedule] = first["step_time"]["bubble_seconds"]
+        if schedule == "1F1B":  # stage 0 waits at least for stage 1's first forward and backward
+            stage1 = last["pipeline_stage_seconds"]["1"]
+            assert bubbles[schedule] > stage1["forward"] + stage1["backward"]
+    assert 0 < bubbles["Interleaved1F1B"] < bubbles["1F1B"]
+
+
 def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_path, capsys, monkeypatch):
     """Llama 3.1 8B on 8 GPUs (configs/paper/t1_fsdp.toml): what its dry run holds follows from FSDP alone, and
     its reserved peak is within 5% of the paper's 82.4 GiB (allocator as TorchTitan's launcher sets it, 96 GiB

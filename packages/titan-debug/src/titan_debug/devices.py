@@ -41,6 +41,8 @@ class DeviceSpec:
     memory_gib: float
     """Nominal memory, for the dry run's default capacity."""
     source: str
+    overlapping_streams: bool = True
+    """Whether communication runs beside compute (a GPU's streams); a CPU with gloo runs one thing at a time."""
 
     def matmul_flops(self, dtype: torch.dtype) -> float:
         if dtype in (torch.bfloat16, torch.float16):

@@ -27,16 +27,22 @@ Efficiency constants, the same for every device and row (three, each with its so
   400 Gb/s NIC's line rate.
 
 Not modelled: kernel launch and CPU overhead (a GPU-bound step), latency of small collectives, contention
-between overlapping streams for the SMs and HBM, NCCL's tree algorithms, and pipeline bubbles (a fake
-process group's receives return at once: the schedule's waiting is not in the trace).
+between overlapping streams for the SMs and HBM, NCCL's tree algorithms. A pipeline stage's waiting for its
+neighbours is not in one rank's trace (a fake process group's receives return at once): pipeline_time.py
+replays the schedule for it.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
+
+import torch
 
 from titan_debug.devices import DeviceSpec
 from titan_debug.op_trace import Collective, TracedOp
+from titan_debug.peak_flops import _cached_cpu_peak_flops
 
 MATMUL_EFFICIENCY = 0.75
 MEMORY_EFFICIENCY = 0.85
@@ -142,8 +148,8 @@ def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> 
     busy, waiting, communication = 0.0, 0.0, 0.0
     by_phase: dict[str, float] = {}
     for op, duration in zip(ops, seconds, strict=True):
-        stream = op.stream
-        if op.collective is not None and stream == DEFAULT_STREAM:
+        stream = op.stream if device.overlapping_streams else DEFAULT_STREAM
+        if op.collective is not None and stream == DEFAULT_STREAM and device.overlapping_streams:
             stream = COLLECTIVE_STREAM
         issued = free.get(DEFAULT_STREAM, 0.0)
         start = max([free.get(stream, 0.0), issued] + [ready.get(key, 0.0) for key, _ in op.reads])
@@ -153,6 +159,8 @@ def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> 
             ready[key] = end
         if op.collective is not None:
             communication += duration
+            if stream == DEFAULT_STREAM:  # one thing at a time: the default stream waits it out
+                waiting += duration
         elif stream == DEFAULT_STREAM:
             waiting += start - issued
             busy += duration
@@ -161,3 +169,39 @@ def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> 
     # What the default stream waits for: inputs other streams produce, and at the end their last work.
     waiting += total - free.get(DEFAULT_STREAM, 0.0)
     return StepTime(total, busy, waiting, communication, by_phase)
+
+
+def probe_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s this CPU reads plus writes copying a tensor of `nbytes` (best of `repeats`)."""
+    src, dst = torch.empty(nbytes, dtype=torch.uint8).random_(), torch.empty(nbytes, dtype=torch.uint8)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def cpu_device(interconnect_bandwidth: float) -> DeviceSpec:
+    """This CPU as a device row, for checking the model against a real CPU run: its float32 matmul rate
+    (peak_flops.py's probe, cached) and copy bandwidth, measured at torch's thread count, and
+    `interconnect_bandwidth`, the measured bus bandwidth of gloo collectives between ranks on this machine.
+    The measured figures are attainable ones: the row divides them by the efficiency constants, which the
+    model multiplies back. One thing at a time: gloo's collectives do not overlap compute here."""
+    flops = _cached_cpu_peak_flops(torch.float32) / MATMUL_EFFICIENCY
+    link = interconnect_bandwidth / LINK_EFFICIENCY
+    return DeviceSpec(
+        name=f"cpu ({torch.get_num_threads()} threads)",
+        bf16_flops=flops,
+        fp8_flops=None,
+        tf32_flops=flops,
+        fp32_flops=flops,
+        memory_bandwidth=probe_copy_bandwidth() / MEMORY_EFFICIENCY,
+        intra_node_bandwidth=link,
+        inter_node_bandwidth=link,
+        gpus_per_node=1 << 20,
+        memory_gib=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+        source="measured on this machine",
+        overlapping_streams=False,
+    )

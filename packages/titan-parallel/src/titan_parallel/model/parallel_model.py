@@ -228,6 +228,11 @@ class ParallelModel:
             raise AttributeError("with pipeline parallelism each rank holds stages, not the whole model: use parts")
         return self.parts[0]
 
+    def pipeline_action_order(self) -> dict[int, list[tuple[int, str, int]]] | None:
+        """With pipeline parallelism, the schedule's compute actions per pipeline rank (Pipeline.action_order);
+        else None."""
+        return self._pipeline.action_order() if self._pipeline is not None else None
+
     def applied_layout(self) -> list[dict]:
         """What was applied to each part, read back from the live modules (see applied_layout.py)."""
         stages = [stage.stage_index for stage in self._pipeline.stages] if self._pipeline is not None else None

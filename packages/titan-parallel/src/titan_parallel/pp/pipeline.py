@@ -66,6 +66,21 @@ class _ScaledLoss:
         return self.loss_fn(output, target) * self.scale
 
 
+_COMPUTE_ACTIONS = ("F", "B", "I", "W")
+
+
+def _one_stage_order(rank: int, pp: int, n: int, one_f_one_b: bool) -> list[tuple[int, str, int]]:
+    """GPipe: every forward, then every backward. 1F1B (torch's Schedule1F1B loop): pp - rank forwards, then a
+    backward and a forward in turn while forwards remain, then the remaining backwards."""
+    warmup = min(n, pp - rank) if one_f_one_b else n
+    order = [(rank, "F", m) for m in range(warmup)]
+    for m in range(n):
+        order.append((rank, "B", m))
+        if warmup + m < n:
+            order.append((rank, "F", warmup + m))
+    return order
+
+
 @dataclass
 class Pipeline:
     """This rank's stages and the schedule that runs them."""
@@ -86,6 +101,28 @@ class Pipeline:
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.model_parts:
             yield from part.parameters()
+
+    def action_order(self) -> dict[int, list[tuple[int, str, int]]]:
+        """The schedule's compute actions per pipeline rank, in the order it runs them: (stage, kind,
+        micro-batch), kind F (forward), B (full backward), I (input backward) or W (weight backward). From
+        torch's `pipeline_order`, without the idle slots, communication and gradient-reduction actions; an
+        action made of sub-actions (DualPipeV's overlapped F and B) counts as those, in order. One-stage
+        schedules (GPipe, 1F1B) run their own loop, which their `pipeline_order` does not always follow (torch
+        2.13's 1F1B numbers the last rank's forwards from 1): theirs is written out as that loop runs it."""
+        if isinstance(self.schedule, PipelineScheduleSingle):
+            pp = dist.get_world_size(self.group)
+            one_f_one_b = type(self.schedule).__name__ == "Schedule1F1B"
+            return {rank: _one_stage_order(rank, pp, self.n_microbatches, one_f_one_b) for rank in range(pp)}
+        order = {}
+        for rank, actions in self.schedule.pipeline_order.items():
+            steps = []
+            for action in actions:
+                for part in (getattr(action, "sub_actions", None) or (action,)) if action is not None else ():
+                    kind = str(part.computation_type.value)
+                    if kind in _COMPUTE_ACTIONS and part.microbatch_index is not None:
+                        steps.append((part.stage_index, kind, part.microbatch_index))
+            order[rank] = steps
+        return order
 
     def gather(self, value: float) -> list[float]:
         """`value` from every pipeline rank, in rank order: e.g. each stage's peak memory for one log line.

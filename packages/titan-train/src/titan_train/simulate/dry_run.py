@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import multiprocessing
 import os
 import time
@@ -32,6 +33,7 @@ from titan_train.run.distributed import RunEnv
 from titan_train.run.optim import optimizer_implementation
 from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.simulate.fake_runtime import fake_rank
+from titan_train.simulate.pipeline_bubbles import add_pipeline_bubbles, stage_seconds, transfer_seconds
 from titan_train.simulate.rank_classes import RankClass, rank_classes
 from titan_train.simulate.step_memory import measure_steps
 
@@ -170,6 +172,21 @@ def simulate(
     flops //= world_size
     gpu = gpu or get_device(DEFAULT_DEVICE)
     timed = predict(trace.ops, gpu, compiled)
+    pipeline = {}
+    if layout.pipeline:  # the schedule replayed with every class's stages (pipeline_bubbles.py)
+        plan = layout.pipeline
+        stages = plan.stage_ids(rank_class.representative // (world_size // layout.dims.pp))
+        shape, dtype = pipeline_hidden
+        pipeline = {
+            "pipeline_stage_seconds": {
+                str(stage): seconds
+                for stage, seconds in stage_seconds(
+                    timed.by_phase, stages, plan.num_stages - 1, plan.n_microbatches
+                ).items()
+            },
+            "pipeline_order": trainer.parallel_model.pipeline_action_order(),
+            "pipeline_transfer_seconds": transfer_seconds(math.prod(shape) * dtype.itemsize, layout, gpu),
+        }
     return {
         "ranks": rank_class.ranks,
         "name": rank_class.name,
@@ -190,6 +207,7 @@ def simulate(
         "tokens_per_second_per_gpu": tokens_per_step(config, layout) / world_size / timed.seconds,
         # The paper's MFU: the model's FLOPs over the bf16 peak, float8 matmuls included.
         "mfu": flops / timed.seconds / gpu.bf16_flops,
+        **pipeline,
     }
 
 
@@ -315,6 +333,11 @@ def dry_run(
             entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
             entry["warnings"] = _warnings(entry, config, layout, device_memory_gib)
             entries.append(entry)
+    if layout.pipeline:
+        order, transfer = entries[0]["pipeline_order"], entries[0]["pipeline_transfer_seconds"]
+        for entry in entries:
+            del entry["pipeline_order"], entry["pipeline_transfer_seconds"]
+        add_pipeline_bubbles(entries, layout, order, transfer)
     report = {
         "world_size": world_size,
         "steps": STEPS,
@@ -354,7 +377,10 @@ def step_time_unmodelled(layout: Layout) -> list[str]:
         "streams' contention for SMs and memory, NCCL's tree algorithms"
     ]
     if layout.pipeline:
-        found.append("step time: pipeline bubbles (the simulated receives return at once)")
+        found.append(
+            "step time: pipeline micro-batches of a stage all take the same time, and a split backward's input "
+            "and weight parts half of it each"
+        )
     return found
 
 
@@ -425,8 +451,9 @@ def _step_time_lines(report: dict) -> list[str]:
         t = e["step_time"]
         lines.append(
             f"#   {e['name']}: {_seconds(t['step_seconds'])} = compute {_seconds(t['compute_seconds'])} + exposed "
-            f"communication {_seconds(t['exposed_communication_seconds'])} (all communication "
-            f"{_seconds(t['communication_seconds'])})"
+            f"communication {_seconds(t['exposed_communication_seconds'])}"
+            + (f" + pipeline bubble {_seconds(t['bubble_seconds'])}" if "bubble_seconds" in t else "")
+            + f" (all communication {_seconds(t['communication_seconds'])})"
         )
     return lines
 
