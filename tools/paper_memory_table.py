@@ -1,13 +1,16 @@
-"""The dry run of every TorchTitan-paper recipe (configs/paper/*.toml) against the memory the paper reports.
+"""The dry run of every TorchTitan-paper recipe (configs/paper/*.toml) against the memory and the tokens/s per
+GPU the paper reports.
 
     python tools/paper_memory_table.py [--rows t1_fsdp t3_fsdp ...] [--out DIR] [--from DIR]
 
 Each row runs `titan-train --config configs/paper/ROW.toml --dry-run` at its world size with the allocator
 setting of the paper's runs (TorchTitan's launch script sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
-and the paper's device memory, writes DIR/ROW/dry_run.json, and the table compares the largest reserved
-peak over rank classes (the paper reports the max over ranks) with the paper's figure. `--from DIR` reads
+and the paper's device (`--gpu h100-sxm-96gb-500w`: 96 GB HBM2e H100s at 500 W, 8 per host, 400 Gb/s per
+GPU), writes DIR/ROW/dry_run.json, and the table compares the largest reserved peak over rank classes (the
+paper reports the max over ranks) and the predicted tokens/s per GPU with the paper's figures. `--from DIR` reads
 earlier outputs instead of running (the 405B pipeline rows take minutes each); a row without one is shown as
-not run. The paper GiB and the world size are read from each recipe's header comment, their one place.
+not run. The paper's GiB and tokens/s and the world size are read from each recipe's header comment, their
+one place.
 """
 
 import argparse
@@ -23,6 +26,7 @@ PAPER = ROOT / "configs" / "paper"
 ALLOC_CONF = "expandable_segments:True"  # TorchTitan's run_train.sh, which the paper's runs used
 # The paper: "Each H100 GPU is equipped with 96GB HBM2e"; HBM capacity comes in binary units (16 GiB stacks).
 DEVICE_MEMORY_GIB = 96
+GPU = "h100-sxm-96gb-500w"
 TOLERANCE = 0.05
 # Terms the dry run lists as unmodelled, by the start of their line: the words of the "why" column and the
 # direction each moves the prediction against the real run (+1: the dry run holds more, -1: less, 0: either).
@@ -42,13 +46,18 @@ def paper_rows() -> dict[str, dict]:
     for path in sorted(PAPER.glob("*.toml")):
         text = path.read_text()
         paper = re.search(r"\(paper: ([\d.]+) GiB", text)
+        tps = re.search(r"([\d,]+) tokens/s per GPU\)", text)
         world = re.search(r"--world-size (\d+)", text)
         model = re.search(r"Llama 3\.1 (\d+B)", text)
-        if not (paper and world and model):
-            raise SystemExit(f"{path}: its header comment lacks '(paper: N GiB', '--world-size N' or the model")
+        if not (paper and tps and world and model):
+            raise SystemExit(
+                f"{path}: its header comment lacks '(paper: N GiB', 'N tokens/s per GPU)', '--world-size N' "
+                "or the model"
+            )
         rows[path.stem] = {
             "config": path,
             "paper_gib": float(paper.group(1)),
+            "paper_tps": int(tps.group(1).replace(",", "")),
             "world_size": int(world.group(1)),
             "model": f"Llama 3.1 {model.group(1)}",
         }
@@ -59,7 +68,7 @@ def run_row(name: str, row: dict, out: pathlib.Path) -> None:
     (out / name / "dry_run.json").unlink(missing_ok=True)  # a failed run must not show an older result
     command = [
         sys.executable, "-m", "titan_train", "--config", str(row["config"]), "--dry-run",
-        "--world-size", str(row["world_size"]), "--device-memory-gib", str(DEVICE_MEMORY_GIB),
+        "--world-size", str(row["world_size"]), "--device-memory-gib", str(DEVICE_MEMORY_GIB), "--gpu", GPU,
         "--job.dump_folder", str(out / name),
     ]  # fmt: skip
     env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF, "OMP_NUM_THREADS": "1"}
@@ -84,7 +93,7 @@ def layout_of(row: dict) -> str:
 def table_line(name: str, row: dict, report: dict | None, missing: str) -> str:
     cells = [name, row["model"], str(row["world_size"]), layout_of(row), f"{row['paper_gib']:.1f}"]
     if report is None:
-        return "| " + " | ".join(cells + [missing, "", "", ""]) + " |"
+        return "| " + " | ".join(cells + [missing, "", "", str(row["paper_tps"]), "", "", ""]) + " |"
     reserved = max(e["peak_reserved_gib"] for e in report["rank_classes"])
     active = max(e["peak_active_gib"] for e in report["rank_classes"])
     error = reserved / row["paper_gib"] - 1
@@ -100,8 +109,16 @@ def table_line(name: str, row: dict, report: dict | None, missing: str) -> str:
     if report.get("unsupported"):  # whatever the error: the number is of another config than the paper's
         refused = "the real config is refused on this torch (compiled full AC with TP) and modelled eager"
         why = f"{why}; {refused}" if why else refused
-    cells += [f"{reserved:.2f}", f"{error:+.1%}", f"{active:.2f}", why]
+    cells += [f"{reserved:.2f}", f"{error:+.1%}", f"{active:.2f}", *tps_cells(row, report), why]
     return "| " + " | ".join(cells) + " |"
+
+
+def tps_cells(row: dict, report: dict) -> list[str]:
+    """The paper's tokens/s per GPU, the predicted one and the error (n/a: a dry_run.json without step time)."""
+    predicted = (report.get("step_time") or {}).get("tokens_per_second_per_gpu")
+    if predicted is None:
+        return [f"{row['paper_tps']:,}", "n/a", ""]
+    return [f"{row['paper_tps']:,}", f"{predicted:,.0f}", f"{predicted / row['paper_tps'] - 1:+.1%}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="reuse", type=pathlib.Path, help="read DIR/ROW/dry_run.json; run nothing")
     args = parser.parse_args(argv)
     lines = [
-        f"Dry run ({ALLOC_CONF}, {DEVICE_MEMORY_GIB} GiB devices) vs the paper; GiB per GPU, max over rank classes.",
+        f"Dry run ({ALLOC_CONF}, {DEVICE_MEMORY_GIB} GiB devices, --gpu {GPU}) vs the paper; GiB per GPU, max over "
+        "rank classes; tokens/s per GPU of the slowest rank class.",
         "",
-        "| row | model | GPUs | layout | paper GiB | predicted reserved GiB | error | predicted active GiB | why |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | model | GPUs | layout | paper GiB | predicted reserved GiB | error | predicted active GiB "
+        "| paper TPS | predicted TPS | TPS error | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in args.rows:
         folder = args.reuse or args.out

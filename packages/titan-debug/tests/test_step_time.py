@@ -103,14 +103,29 @@ def _gather(seconds: float, writes, stream: str) -> TracedOp:
                     Collective("all_gather", nbytes, (0, 1)))  # fmt: skip
 
 
-def test_an_fsdp_prefetch_hides_its_gather_behind_the_previous_blocks_compute():
-    # Block 1's compute (1 s), then its successor's gather prefetched on FSDP's stream (0.5 s), issued before
-    # block 1's second op (1 s); block 2 reads the gathered weights after it.
-    ops = [_compute(1.0), _gather(0.5, (7,), "all_gather"), _compute(1.0), _compute(1.0, reads=(7,))]
+def test_an_fsdp_prefetch_hides_its_gather_behind_the_current_blocks_compute():
+    # FSDP2: gather block 0 (0.5 s), copy it out (0.1 s) and compute block 0 (1 s) on the default stream; the
+    # gather of block 1 waits only for block 0's copy-out, so it runs beside block 0's compute.
+    ops = [
+        _gather(0.5, (6,), "all_gather"),
+        _compute(0.1, reads=(6,)),
+        _compute(1.0),
+        _gather(0.5, (7,), "all_gather"),
+        _compute(0.1, reads=(7,)),
+        _compute(1.0),
+    ]
     predicted = predict(ops, DEVICE)
-    assert predicted.seconds == pytest.approx(3.0)
-    assert predicted.exposed_communication_seconds == pytest.approx(0.0, abs=1e-9)
-    assert predicted.communication_seconds == pytest.approx(0.5)
+    assert predicted.seconds == pytest.approx(0.5 + 2.2)  # only the first gather is exposed
+    assert predicted.exposed_communication_seconds == pytest.approx(0.5)
+    assert predicted.communication_seconds == pytest.approx(1.0)
+
+
+def test_an_all_gather_waits_for_the_previous_ones_copy_out():
+    # As FSDP2 frees the previous all-gather's buffer only after its copy-out: gather 1 starts at 1.5 s, not
+    # right after gather 0 (0.5 s).
+    ops = [_gather(0.5, (6,), "all_gather"), _compute(1.0, reads=(6,)), _gather(0.5, (7,), "all_gather"),
+           _compute(1.0, reads=(7,))]  # fmt: skip
+    assert predict(ops, DEVICE).seconds == pytest.approx(3.0)
 
 
 def test_a_collective_consumed_at_once_is_exposed():
@@ -123,10 +138,25 @@ def test_a_collective_consumed_at_once_is_exposed():
 
 
 def test_a_gather_longer_than_the_compute_it_hides_behind_shows_the_difference():
-    ops = [_compute(1.0), _gather(1.5, (7,), "all_gather"), _compute(1.0), _compute(1.0, reads=(7,))]
+    ops = [
+        _gather(0.5, (6,), "all_gather"),
+        _compute(0.1, reads=(6,)),
+        _compute(1.0),
+        _gather(1.5, (7,), "all_gather"),  # 0.6-2.1: the copy-out of block 1 waits from 1.6 to 2.1
+        _compute(0.1, reads=(7,)),
+        _compute(1.0),
+    ]
     predicted = predict(ops, DEVICE)
-    assert predicted.seconds == pytest.approx(3.5)  # the gather runs 1.0-2.5, the last block 2.5-3.5
-    assert predicted.exposed_communication_seconds == pytest.approx(0.5)
+    assert predicted.seconds == pytest.approx(3.2)
+    assert predicted.exposed_communication_seconds == pytest.approx(1.0)
+
+
+def test_an_op_that_communicates_while_it_computes_takes_the_longer_of_the_two():
+    ring = TracedOp("titan.ring_attention.default", "forward", "default", 0, round(1e9 * MEMORY_EFFICIENCY), None,
+                    (), (), Collective("all_gather", round(2 * 1e8 * LINK_EFFICIENCY * 2), (0, 1)))  # fmt: skip
+    predicted = predict([ring], DEVICE)  # 1 s of compute, 2 s of communication
+    assert predicted.seconds == pytest.approx(2.0)
+    assert (predicted.compute_seconds, predicted.exposed_communication_seconds) == pytest.approx((1.0, 1.0))
 
 
 def test_work_left_on_a_side_stream_at_the_end_is_exposed():

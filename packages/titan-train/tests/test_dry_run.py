@@ -431,3 +431,26 @@ def test_deepseek_v3_with_pipeline_and_expert_parallel(tmp_path):
     assert len(report["rank_classes"]) == 2
     assert report["experts"]["experts_per_rank"] == 4 and report["experts"]["expert_parallel_groups"][0] == [0, 1]
     assert all(entry["peak_reserved_gib"] > entry["params_gib"] > 0 for entry in report["rank_classes"])
+
+
+def test_ring_attention_costs_the_whole_sequence_for_local_queries_and_sends_kv_around_the_ring():
+    """titan.ring_attention is one opaque op in the trace: its FLOPs (local queries over every rank's keys,
+    causal: half) and the K/V bytes it sends round the ring come from its arguments."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titan_train.simulate.op_costs import OPAQUE_OP_COSTS
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        group = dist.new_group([0, 1, 2, 3])
+        q, k = torch.empty(2, 8, 64, 16), torch.empty(2, 2, 64, 16)  # B, H, S_local, D; grouped K/V heads
+        bound = {"q": q, "k": k, "v": k, "group_name": group.group_name, "causal": True}
+        flops, ring = OPAQUE_OP_COSTS["titan.ring_attention"](bound)
+        assert flops == 4 * 2 * 8 * 64 * (4 * 64) * 16 // 2
+        assert (ring.kind, ring.nbytes, ring.ranks) == ("all_gather", 4 * 2 * k.numel() * 4, (0, 1, 2, 3))
+        flops_back, ring_back = OPAQUE_OP_COSTS["titan.ring_attention_backward"]({**bound, "causal": False})
+        assert flops_back == 4 * 2 * 8 * 64 * (4 * 64) * 16 * 5 // 2
+        assert ring_back.nbytes == 2 * ring.nbytes  # float32 gradient accumulators travel with the blocks
+    finally:
+        dist.destroy_process_group()

@@ -27,6 +27,7 @@ What counts, and why:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,10 @@ class Collective:
     ranks: tuple[int, ...]  # the group's global ranks
 
 
+# An opaque op's FLOPs and the communication it overlaps with them, from its arguments by schema name.
+OpCost = Callable[[dict], tuple[int, "Collective | None"]]
+
+
 @dataclass(frozen=True)
 class TracedOp:
     name: str
@@ -76,17 +81,20 @@ class TracedOp:
     collective: Collective | None = None
 
     @property
-    def is_matmul(self) -> bool:
-        return self.flops > 0
+    def is_attention(self) -> bool:
+        return "attention" in self.name
 
 
 class OpTrace(TorchDispatchMode):
     """Records every dispatched op (`ops`); `clear()` forgets those so far (e.g. before the step to measure)."""
 
-    def __init__(self, labels=None):
-        """`labels`: an AllocationTracker whose current phase and stream each op takes (else "", "default")."""
+    def __init__(self, labels=None, costs: dict[str, OpCost] | None = None):
+        """`labels`: an AllocationTracker whose current phase and stream each op takes (else "", "default").
+        `costs`: for opaque ops (custom ops that compute and communicate inside, e.g. ring attention), by
+        overload packet name ("titan.ring_attention"), their FLOPs and communication from their arguments."""
         super().__init__()
         self.labels = labels
+        self.costs = costs or {}
         self.ops: list[TracedOp] = []
         self._keys: dict[int, tuple[weakref.ref, int]] = {}
 
@@ -110,6 +118,11 @@ class OpTrace(TorchDispatchMode):
         written = [t for k in _WRITTEN_ARGUMENTS for t in tree_leaves(bound.get(k)) if isinstance(t, torch.Tensor)]
         reads, writes = self._storage_keys(inputs), self._storage_keys(outputs + written)
         floating = next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
+        cost = self.costs.get(str(func._overloadpacket))
+        if cost is not None:
+            flops, collective = cost(bound)
+            nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
+            return TracedOp(name, phase, stream, flops, nbytes, floating, reads, writes, collective)
         collective = _collective(name, bound, inputs, outputs)
         if collective is not None or _moves_nothing(func, name):
             return TracedOp(name, phase, stream, 0, 0, floating, reads, writes, collective)
@@ -160,7 +173,9 @@ def _moves_nothing(func, name: str) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def _group_ranks(bound: dict) -> tuple[int, ...]:
+def group_ranks(bound: dict) -> tuple[int, ...]:
+    """The global ranks of the group an op's arguments name (c10d's `process_group`, a functional
+    collective's `group_name`); () if none."""
     group = bound.get("process_group")
     if isinstance(group, torch.ScriptObject):
         group = dist.ProcessGroup.unbox(group)
@@ -178,15 +193,14 @@ def _collective(name: str, bound: dict, inputs, outputs) -> Collective | None:
     nbytes = max([_nbytes(t) for t in inputs + outputs] or [0])
     if kind in ("all_gather", "reduce_scatter") and name.startswith("_c10d_functional") and inputs and outputs:
         nbytes = max(sum(_nbytes(t) for t in inputs), sum(_nbytes(t) for t in outputs))
-    return Collective(kind, nbytes, _group_ranks(bound))
+    return Collective(kind, nbytes, group_ranks(bound))
 
 
-def _attention_flops(q, k, causal: bool, backward: bool) -> int:
-    """Q·Kᵀ and P·V: 2 matmuls of 2·B·H·Sq·Sk·D each; the backward 5 (flash's recomputation included); causal
-    kernels skip the masked half."""
+def attention_flops(q: torch.Tensor, key_length: int, causal: bool, backward: bool) -> int:
+    """Q·Kᵀ and P·V for queries `q` [..., Sq, D] over `key_length` keys: 2 matmuls of 2·B·H·Sq·Sk·D each; the
+    backward 5 (flash's recomputation included); causal kernels skip the masked half."""
     *batch_heads, sq, d = q.shape
-    sk = k.shape[-2]
-    forward = 4 * sq * sk * d
+    forward = 4 * sq * key_length * d
     for n in batch_heads:
         forward *= n
     total = forward * 5 // 2 if backward else forward
@@ -220,7 +234,7 @@ def matmul_flops(packet: str, bound: dict, out=None) -> int:
     if packet in _ATTENTION:
         query, key, backward = _ATTENTION[packet]
         causal = bool(bound.get("is_causal", False)) and bound.get("attn_mask") is None
-        return _attention_flops(bound[query], bound[key], causal, backward)
+        return attention_flops(bound[query], bound[key].shape[-2], causal, backward)
     if packet == "aten.addmm_":
         return 2 * bound["mat1"].shape[0] * bound["mat1"].shape[1] * bound["mat2"].shape[1]
     if packet in ("aten._grouped_mm", "aten._scaled_grouped_mm"):

@@ -13,15 +13,20 @@ within a node the GPU's NVLink share, across nodes its NIC. A send or receive mo
 
 Overlap: each stream (the default one; FSDP2's all-gather copy-in, all-gather, reduce-scatter and all-reduce
 streams; NCCL's stream for collectives issued from the default stream) runs its ops in order. An op starts when
-its stream is free, when the ops that wrote what it reads have finished (a collective's consumer waits for
-it, as `wait_tensor` and FSDP's events make it), and, on a side stream, not before the default stream reached
-the point where it was issued (FSDP waits for the current stream before it gathers or reduces). So FSDP's
-prefetched all-gathers hide behind the previous block's compute, a reduce-scatter behind the next block's
-backward, while TP's collectives, consumed at once, are exposed.
+its stream is free and when the ops that wrote what it reads have finished (a collective's consumer waits for
+it, as `wait_tensor` and FSDP's events make it). A side stream also waits as FSDP2 makes it: the
+reduce-scatter and all-reduce streams for the default stream at the point of issue (`wait_stream`), the
+all-gather streams only for the previous all-gather's copy-out (its event; FSDP2 lets them run ahead
+otherwise). So FSDP's next all-gather hides behind the current block's compute, a reduce-scatter behind the
+next block's backward, while TP's collectives, consumed at once, are exposed. An opaque op that computes and
+communicates at once (ring attention: a custom op) takes the longer of the two.
 
-Efficiency constants, the same for every device and row (three, each with its source):
+Efficiency constants, the same for every device and row (four, each with its source):
 - MATMUL_EFFICIENCY 0.75: large bf16 GEMMs reach about 700-750 of the H100 SXM's 989 TFLOP/s in cuBLAS
   (NVIDIA's published H100 GEMM benchmarks; the TorchTitan paper's 8B runs report 33-39% MFU for whole steps).
+- ATTENTION_EFFICIENCY 0.35: PyTorch's SDPA runs FlashAttention-2 kernels, which reach about 335-350 TFLOP/s
+  forward and less backward on an H100 (FlashAttention-3 paper, Dao et al. 2024, figures 5-7: its FA2
+  baseline at head dim 128, causal, 16k tokens).
 - MEMORY_EFFICIENCY 0.85: STREAM-like copies reach about 85-90% of HBM's datasheet bandwidth.
 - LINK_EFFICIENCY 0.8: nccl-tests' bus bandwidth for large messages reaches about 80% of NVLink's and of a
   400 Gb/s NIC's line rate.
@@ -45,12 +50,14 @@ from titan_debug.op_trace import Collective, TracedOp
 from titan_debug.peak_flops import _cached_cpu_peak_flops
 
 MATMUL_EFFICIENCY = 0.75
+ATTENTION_EFFICIENCY = 0.35
 MEMORY_EFFICIENCY = 0.85
 LINK_EFFICIENCY = 0.8
 DEFAULT_STREAM = "default"
 # Where a collective issued from the default stream runs: NCCL's own stream, which the default stream waits for
 # only when it reads the result.
 COLLECTIVE_STREAM = "nccl"
+ALL_GATHER_STREAMS = ("all_gather_copy_in", "all_gather")
 
 
 @dataclass
@@ -80,7 +87,8 @@ def op_seconds(op: TracedOp, device: DeviceSpec) -> float:
     memory = op.nbytes / (device.memory_bandwidth * MEMORY_EFFICIENCY)
     if not op.flops:
         return memory
-    return max(op.flops / (device.matmul_flops(op.dtype) * MATMUL_EFFICIENCY), memory)
+    efficiency = ATTENTION_EFFICIENCY if op.is_attention else MATMUL_EFFICIENCY
+    return max(op.flops / (device.matmul_flops(op.dtype) * efficiency), memory)
 
 
 def link_bandwidth(ranks: tuple[int, ...], device: DeviceSpec) -> float:
@@ -138,33 +146,52 @@ def _fuse(ops: list[TracedOp], seconds: list[float], device: DeviceSpec) -> list
     return fused
 
 
+def _seconds(op: TracedOp, device: DeviceSpec) -> tuple[float, float]:
+    """(compute, communication) seconds of one op alone. An op with FLOPs and a collective (an opaque op that
+    overlaps its own communication, e.g. ring attention) has both."""
+    communication = collective_seconds(op.collective, device) if op.collective else 0.0
+    compute = op_seconds(op, device) if (op.flops or op.nbytes or not op.collective) else 0.0
+    return compute, communication
+
+
 def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> StepTime:
     """The time of the ops of one step (in the order they were issued) on `device`."""
-    seconds = [collective_seconds(op.collective, device) if op.collective else op_seconds(op, device) for op in ops]
+    parts = [_seconds(op, device) for op in ops]
+    compute = [c for c, _ in parts]
     if compiled:
-        seconds = _fuse(ops, seconds, device)
+        compute = _fuse(ops, compute, device)
     free: dict[str, float] = {}  # stream -> when it is next free
     ready: dict[int, float] = {}  # storage key -> when its last writer finishes
+    written_on: dict[int, str] = {}  # storage key -> the stream of its last writer
+    copied_out = 0.0  # when the default stream last read an all-gather's output (FSDP's copy-out event)
     busy, waiting, communication = 0.0, 0.0, 0.0
     by_phase: dict[str, float] = {}
-    for op, duration in zip(ops, seconds, strict=True):
+    for op, computing, (_, communicating) in zip(ops, compute, parts, strict=True):
         stream = op.stream if device.overlapping_streams else DEFAULT_STREAM
-        if op.collective is not None and stream == DEFAULT_STREAM and device.overlapping_streams:
+        opaque = op.collective is not None and (op.flops or op.nbytes)  # computes and communicates itself
+        if op.collective is not None and not opaque and stream == DEFAULT_STREAM and device.overlapping_streams:
             stream = COLLECTIVE_STREAM
-        issued = free.get(DEFAULT_STREAM, 0.0)
+        # FSDP2's all-gather streams wait for the previous all-gather's copy-out, not for the default stream.
+        issued = copied_out if stream in ALL_GATHER_STREAMS else free.get(DEFAULT_STREAM, 0.0)
         start = max([free.get(stream, 0.0), issued] + [ready.get(key, 0.0) for key, _ in op.reads])
+        duration = max(computing, communicating) if opaque else (communicating or computing)
         end = start + duration
         free[stream] = end
         for key, _ in op.writes:
-            ready[key] = end
+            ready[key], written_on[key] = end, stream
         if op.collective is not None:
-            communication += duration
-            if stream == DEFAULT_STREAM:  # one thing at a time: the default stream waits it out
-                waiting += duration
-        elif stream == DEFAULT_STREAM:
-            waiting += start - issued
-            busy += duration
-            by_phase[op.phase] = by_phase.get(op.phase, 0.0) + duration
+            communication += communicating
+        if stream != DEFAULT_STREAM:
+            continue
+        if any(written_on.get(key) == "all_gather" for key, _ in op.reads):
+            copied_out = end
+        if op.collective is not None and not opaque:  # one thing at a time: the default stream waits it out
+            waiting += duration
+            continue
+        exposed = duration - computing  # what an opaque op's communication adds beyond its compute
+        waiting += (start - issued) + exposed
+        busy += computing
+        by_phase[op.phase] = by_phase.get(op.phase, 0.0) + computing
     total = max(free.values(), default=0.0)
     # What the default stream waits for: inputs other streams produce, and at the end their last work.
     waiting += total - free.get(DEFAULT_STREAM, 0.0)

@@ -33,6 +33,7 @@ from titan_train.run.distributed import RunEnv
 from titan_train.run.optim import optimizer_implementation
 from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.simulate.fake_runtime import fake_rank
+from titan_train.simulate.op_costs import OPAQUE_OP_COSTS
 from titan_train.simulate.pipeline_bubbles import add_pipeline_bubbles, stage_seconds, transfer_seconds
 from titan_train.simulate.rank_classes import RankClass, rank_classes
 from titan_train.simulate.step_memory import measure_steps
@@ -156,7 +157,7 @@ def simulate(
     layout = resolve_layout(config, world_size)
     pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
     env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
-    trace = OpTrace()
+    trace = OpTrace(costs=OPAQUE_OP_COSTS)
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):
         tracker, held, trainer = measure_steps(config, env, STEPS, layout, trace)
     peak = tracker.peak_active()
