@@ -253,3 +253,23 @@ def test_pp2_matches_one_process(pp2_output, case):
 def test_fsdp_or_tp_times_pp2_matches_one_process(pp2x2_output, case):
     for rank in range(4):
         assert f"rank {rank} {case} ok" in pp2x2_output, pp2x2_output[-6000:]
+
+
+@pytest.mark.parametrize(
+    "schedule_cls, one_f_one_b", [(schedules.ScheduleGPipe, False), (schedules.Schedule1F1B, True)]
+)
+def test_one_stage_action_orders_are_the_schedules_own(schedule_cls, one_f_one_b):
+    """Pipeline.action_order writes out GPipe's and 1F1B's loops; torch's `pipeline_order` for them says the same
+    on every rank (torch 2.13's 1F1B numbers the last rank's forwards from 1: that rank is checked by hand)."""
+    from types import SimpleNamespace
+
+    from titan_parallel.pp.pipeline import _one_stage_order
+
+    pp, n = 4, 8
+    theirs = schedule_cls._get_pipeline_order(SimpleNamespace(_num_stages=pp, _n_microbatches=n))
+    for rank in range(pp - 1 if one_f_one_b else pp):
+        actions = [(a.stage_index, a.computation_type.value, a.microbatch_index) for a in theirs[rank] if a]
+        assert _one_stage_order(rank, pp, n, one_f_one_b) == [a for a in actions if a[1] in ("F", "B")]
+    if one_f_one_b:  # the last stage: one forward, then a backward and a forward in turn
+        expected = [(pp - 1, kind, m) for m in range(n) for kind in ("F", "B")]
+        assert _one_stage_order(pp - 1, pp, n, True) == expected

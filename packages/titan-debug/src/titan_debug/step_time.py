@@ -21,12 +21,16 @@ otherwise). So FSDP's next all-gather hides behind the current block's compute, 
 next block's backward, while TP's collectives, consumed at once, are exposed. An opaque op that computes and
 communicates at once (ring attention: a custom op) takes the longer of the two.
 
-Efficiency constants, the same for every device and row (four, each with its source):
-- MATMUL_EFFICIENCY 0.75: large bf16 GEMMs reach about 700-750 of the H100 SXM's 989 TFLOP/s in cuBLAS
-  (NVIDIA's published H100 GEMM benchmarks; the TorchTitan paper's 8B runs report 33-39% MFU for whole steps).
-- ATTENTION_EFFICIENCY 0.35: PyTorch's SDPA runs FlashAttention-2 kernels, which reach about 335-350 TFLOP/s
-  forward and less backward on an H100 (FlashAttention-3 paper, Dao et al. 2024, figures 5-7: its FA2
-  baseline at head dim 128, causal, 16k tokens).
+Efficiency constants, the same for every device and row (four): two calibrated, each on one row of the
+TorchTitan paper and then used for every other row and device unchanged (tools/paper_memory_table.py prints
+all 18), two from benchmarks:
+- MATMUL_EFFICIENCY 0.65, the fraction of the dense peak a step's matmuls reach: calibrated on Table 1's
+  FSDP row (Llama 3.1 8B, 8 GPUs, eager bf16; 5,762 tokens/s per GPU). Below the ~75% that cuBLAS reaches
+  on large square GEMMs: a step's shapes are smaller and thinner.
+- ATTENTION_EFFICIENCY 0.25, the same for SDPA's attention kernels (forward and backward together):
+  calibrated on Table 2's CP 1 row (8B, sequence 32,768, where attention is half the FLOPs; 3,890). PyTorch's
+  SDPA runs FlashAttention-2, measured at about 335 TFLOP/s forward on an H100 and markedly less backward
+  (FlashAttention-3 paper, Dao et al. 2024, its FA2 baseline).
 - MEMORY_EFFICIENCY 0.85: STREAM-like copies reach about 85-90% of HBM's datasheet bandwidth.
 - LINK_EFFICIENCY 0.8: nccl-tests' bus bandwidth for large messages reaches about 80% of NVLink's and of a
   400 Gb/s NIC's line rate.
@@ -49,8 +53,8 @@ from titan_debug.devices import DeviceSpec
 from titan_debug.op_trace import Collective, TracedOp
 from titan_debug.peak_flops import _cached_cpu_peak_flops
 
-MATMUL_EFFICIENCY = 0.75
-ATTENTION_EFFICIENCY = 0.35
+MATMUL_EFFICIENCY = 0.65
+ATTENTION_EFFICIENCY = 0.25
 MEMORY_EFFICIENCY = 0.85
 LINK_EFFICIENCY = 0.8
 DEFAULT_STREAM = "default"
