@@ -290,3 +290,10 @@ def test_a_schedule_that_cannot_progress_is_an_error():
     deadlock = {0: [(0, "B", 0), (0, "F", 0)], 1: [(1, "F", 0), (1, "B", 0)]}
     with pytest.raises(ValueError, match="cannot progress"):
         pipeline_time.simulate_schedule(deadlock, {0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0}, 0.0)
+
+
+def test_async_tp_collectives_overlap_the_matmuls_that_consume_them():
+    ops = [_compute(1.0), _gather(0.5, (7,), "default"), _compute(1.0, reads=(7,)), _compute(1.0)]
+    assert predict(ops, DEVICE).seconds == pytest.approx(3.5)  # TP: exposed
+    assert predict(ops, DEVICE, overlapped_groups=((0, 1),)).seconds == pytest.approx(3.0)
+    assert predict(ops, DEVICE, overlapped_groups=((0, 2),)).seconds == pytest.approx(3.5)  # another group

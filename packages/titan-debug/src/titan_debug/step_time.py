@@ -158,8 +158,12 @@ def _seconds(op: TracedOp, device: DeviceSpec) -> tuple[float, float]:
     return compute, communication
 
 
-def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> StepTime:
-    """The time of the ops of one step (in the order they were issued) on `device`."""
+def predict(
+    ops: list[TracedOp], device: DeviceSpec, compiled: bool = False, overlapped_groups: tuple[tuple[int, ...], ...] = ()
+) -> StepTime:
+    """The time of the ops of one step (in the order they were issued) on `device`. `overlapped_groups`: the
+    ranks of groups whose collectives overlap the compute that consumes them (async TP's micro-pipelined
+    matmuls): their results count as there when they start, their stream still running them in turn."""
     parts = [_seconds(op, device) for op in ops]
     compute = [c for c, _ in parts]
     if compiled:
@@ -181,8 +185,9 @@ def predict(ops: list[TracedOp], device: DeviceSpec, compiled: bool = False) -> 
         duration = max(computing, communicating) if opaque else (communicating or computing)
         end = start + duration
         free[stream] = end
+        arrives = start if op.collective is not None and op.collective.ranks in overlapped_groups else end
         for key, _ in op.writes:
-            ready[key], written_on[key] = end, stream
+            ready[key], written_on[key] = arrives, stream
         if op.collective is not None:
             communication += communicating
         if stream != DEFAULT_STREAM:

@@ -19,6 +19,7 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
+import torch.distributed as dist
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_debug.devices import DEFAULT_DEVICE, DeviceSpec, get_device
@@ -72,7 +73,8 @@ def _async_tp_as_on_gpus(config: JobConfig) -> tuple[JobConfig, list[str]]:
     plain = dataclasses.replace(config, parallelism=dataclasses.replace(p, enable_async_tensor_parallel=False))
     note = (
         "async TP: torch's SymmetricMemory pass (a CUDA run's choice here) rewrites compiled graphs, which run "
-        "eager in the simulation: modelled as the plain TP it compiles from, without its symmetric-memory buffers"
+        "eager in the simulation: modelled as the plain TP it compiles from, without its symmetric-memory buffers "
+        "(the step time overlaps its TP collectives with the matmuls that consume them)"
     )
     return plain, [note]
 
@@ -143,23 +145,43 @@ def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtyp
     return (microbatch, sequence, spec.args_for(config.model.flavor).dim), dtype
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTimeSetting:
+    """How the simulated step is timed: on which GPU, and what of the real run the (eager, plain-TP) simulation
+    leaves out that the time model puts back."""
+
+    gpu: DeviceSpec
+    compiled: bool = False
+    """torch.compile's fusion of memory-bound ops."""
+    async_tp: bool = False
+    """torch's async TP pass: TP collectives overlap the matmuls that consume them."""
+
+    @staticmethod
+    def of(config: JobConfig, gpu: DeviceSpec | None = None) -> "StepTimeSetting":
+        """As a CUDA run of `config` would run, on `gpu` (default: DEFAULT_DEVICE)."""
+        async_tp = bool(_async_tp_as_on_gpus(config)[1])
+        return StepTimeSetting(gpu or get_device(DEFAULT_DEVICE), config.compile.enable, async_tp)
+
+
 def simulate(
     config: JobConfig,
     world_size: int,
     rank_class: RankClass,
     capacity_bytes: int,
     expandable_segments: bool = False,
-    gpu: DeviceSpec | None = None,
-    compiled: bool = False,
+    timing: StepTimeSetting | None = None,
 ) -> dict:
     """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures and
-    its last step's predicted time on `gpu` (default: DEFAULT_DEVICE; `compiled`: as torch.compile runs it)."""
+    its last step's predicted time (`timing`: by default on DEFAULT_DEVICE, eager)."""
     layout = resolve_layout(config, world_size)
     pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
     env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
     trace = OpTrace(costs=OPAQUE_OP_COSTS)
+    timing = timing or StepTimeSetting(get_device(DEFAULT_DEVICE))
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):
         tracker, held, trainer = measure_steps(config, env, STEPS, layout, trace)
+        tp = trainer.dims.submesh("tp") if timing.async_tp else None
+        overlapped = (tuple(dist.get_process_group_ranks(tp.get_group())),) if tp is not None else ()
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
@@ -171,8 +193,8 @@ def simulate(
     spec = get_model_spec(config.model.name)
     flops = spec.flops_per_token(trainer.model_args, config.training.seq_len) * tokens_per_step(config, layout)
     flops //= world_size
-    gpu = gpu or get_device(DEFAULT_DEVICE)
-    timed = predict(trace.ops, gpu, compiled)
+    gpu = timing.gpu
+    timed = predict(trace.ops, gpu, timing.compiled, overlapped_groups=overlapped)
     pipeline = {}
     if layout.pipeline:  # the schedule replayed with every class's stages (pipeline_bubbles.py)
         plan = layout.pipeline
@@ -218,13 +240,12 @@ def _simulate_reporting_errors(
     rank_class: RankClass,
     capacity_gib: float,
     allocator: AllocatorSetting,
-    gpu: DeviceSpec,
-    compiled: bool,
+    timing: StepTimeSetting,
 ):
     """`simulate` in a child process: an error comes back as text (torch's exceptions may not pickle)."""
     try:
         capacity = int(capacity_gib * GIB)
-        return simulate(config, world_size, rank_class, capacity, allocator.expandable_segments, gpu, compiled)
+        return simulate(config, world_size, rank_class, capacity, allocator.expandable_segments, timing)
     except ConfigError:
         raise
     except Exception as error:
@@ -286,7 +307,8 @@ def dry_run(
     `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py).
     `gpu`: the device whose step time is predicted (default DEFAULT_DEVICE); its memory is the capacity
     unless `device_memory_gib` is given."""
-    gpu = gpu or get_device(DEFAULT_DEVICE)
+    timing = StepTimeSetting.of(config, gpu)
+    gpu = timing.gpu
     device_memory_gib = device_memory_gib or gpu.memory_gib
     check_world_size(world_size)
     allocator = allocator_setting()  # raises config errors before any work, as does the layout
@@ -324,8 +346,7 @@ def dry_run(
                         rank_class,
                         device_memory_gib,
                         allocator,
-                        gpu,
-                        config.compile.enable,
+                        timing,
                     )
                 )
             batch_entries = [future.result() for future in futures]
@@ -348,7 +369,7 @@ def dry_run(
         "experts": expert_placement(config, layout),
         "loss": {"chunk_tokens": layout.loss_chunk_tokens, "gradients": layout.loss_chunk_gradients},
         "rank_classes": entries,
-        "step_time": step_time_summary(entries, gpu, config.compile.enable),
+        "step_time": step_time_summary(entries, timing),
         "unmodelled": unmodelled + step_time_unmodelled(layout),
         "seconds": time.perf_counter() - start,
     }
@@ -359,12 +380,13 @@ def dry_run(
     return report
 
 
-def step_time_summary(entries: list[dict], gpu: DeviceSpec, compiled: bool) -> dict:
+def step_time_summary(entries: list[dict], timing: StepTimeSetting) -> dict:
     """The run's predicted step: as slow as its slowest rank class."""
     slowest = max(entries, key=lambda e: e["step_time"]["step_seconds"])
     return {
-        "gpu": dataclasses.asdict(gpu),
-        "compiled": compiled,
+        "gpu": dataclasses.asdict(timing.gpu),
+        "compiled": timing.compiled,
+        "async_tp": timing.async_tp,
         "step_seconds": slowest["step_time"]["step_seconds"],
         "tokens_per_second_per_gpu": slowest["tokens_per_second_per_gpu"],
         "mfu": slowest["mfu"],
