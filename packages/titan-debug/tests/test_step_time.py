@@ -29,6 +29,12 @@ DEVICE = DeviceSpec(
 )
 
 
+@pytest.fixture(autouse=True)
+def no_host_overhead(monkeypatch):
+    """The cases below time the device alone; test_a_launch_bound_step_waits_for_the_cpu sets it back."""
+    monkeypatch.setattr(step_time, "HOST_SECONDS_PER_OP", 0.0)
+
+
 def traced(fn, *args):
     with OpTrace() as trace:
         fn(*args)
@@ -297,3 +303,19 @@ def test_async_tp_collectives_overlap_the_matmuls_that_consume_them():
     assert predict(ops, DEVICE).seconds == pytest.approx(3.5)  # TP: exposed
     assert predict(ops, DEVICE, overlapped_groups=((0, 1),)).seconds == pytest.approx(3.0)
     assert predict(ops, DEVICE, overlapped_groups=((0, 2),)).seconds == pytest.approx(3.5)  # another group
+
+
+def test_a_launch_bound_step_waits_for_the_cpu(monkeypatch):
+    monkeypatch.setattr(step_time, "HOST_SECONDS_PER_OP", 1.0)
+    small = [_compute(0.25) for _ in range(4)]  # the CPU issues one op a second: the GPU idles 3/4 of it
+    predicted = predict(small, DEVICE)
+    assert predicted.seconds == pytest.approx(4.25)
+    assert (predicted.compute_seconds, predicted.host_bound_seconds) == pytest.approx((1.0, 3.25))
+    large = [_compute(2.0) for _ in range(4)]  # GPU-bound: the CPU runs ahead
+    assert predict(large, DEVICE).seconds == pytest.approx(9.0)
+    # Compiled, the CPU launches the kernels left after fusion: one for the four memory-bound ops.
+    chain = traced(lambda x: torch.relu(x * 2 + 1).neg(), torch.randn(1000))
+    assert predict(chain, DEVICE, compiled=True).host_bound_seconds == pytest.approx(1.0, abs=1e-3)
+    # A CPU runs its own dispatch: serial, whatever the sizes.
+    cpu = DEVICE.replace(overlapping_streams=False)
+    assert predict(large, cpu).seconds == pytest.approx(12.0)

@@ -51,12 +51,13 @@ import torch
 
 from titan_debug.devices import DeviceSpec
 from titan_debug.op_trace import Collective, TracedOp
-from titan_debug.peak_flops import _cached_cpu_peak_flops
+from titan_debug.peak_flops import probe_cpu_matmul_flops
 
 MATMUL_EFFICIENCY = 0.65
 ATTENTION_EFFICIENCY = 0.25
 MEMORY_EFFICIENCY = 0.85
 LINK_EFFICIENCY = 0.8
+HOST_SECONDS_PER_OP = 3e-6
 DEFAULT_STREAM = "default"
 # Where a collective issued from the default stream runs: NCCL's own stream, which the default stream waits for
 # only when it reads the result.
@@ -75,6 +76,8 @@ class StepTime:
     """All collectives' time, hidden or not."""
     by_phase: dict[str, float] = field(default_factory=dict)
     """Default-stream busy seconds per phase."""
+    host_bound_seconds: float = 0.0
+    """Time the default stream waits for the CPU to issue its next op (a launch-bound step)."""
 
     def as_dict(self) -> dict:
         return {
@@ -82,6 +85,7 @@ class StepTime:
             "compute_seconds": self.compute_seconds,
             "exposed_communication_seconds": self.exposed_communication_seconds,
             "communication_seconds": self.communication_seconds,
+            "host_bound_seconds": self.host_bound_seconds,
             "compute_seconds_by_phase": self.by_phase,
         }
 
@@ -172,17 +176,25 @@ def predict(
     ready: dict[int, float] = {}  # storage key -> when its last writer finishes
     written_on: dict[int, str] = {}  # storage key -> the stream of its last writer
     copied_out = 0.0  # when the default stream last read an all-gather's output (FSDP's copy-out event)
-    busy, waiting, communication = 0.0, 0.0, 0.0
+    host = 0.0  # when the CPU has issued the ops so far
+    busy, waiting, host_bound, communication = 0.0, 0.0, 0.0, 0.0
     by_phase: dict[str, float] = {}
     for op, computing, (_, communicating) in zip(ops, compute, parts, strict=True):
+        # Eager, the CPU dispatches every op (views too); compiled, it launches each kernel left after fusion.
+        launching = HOST_SECONDS_PER_OP if not compiled or computing or op.collective is not None else 0.0
         stream = op.stream if device.overlapping_streams else DEFAULT_STREAM
         opaque = op.collective is not None and (op.flops or op.nbytes)  # computes and communicates itself
         if op.collective is not None and not opaque and stream == DEFAULT_STREAM and device.overlapping_streams:
             stream = COLLECTIVE_STREAM
         # FSDP2's all-gather streams wait for the previous all-gather's copy-out, not for the default stream.
         issued = copied_out if stream in ALL_GATHER_STREAMS else free.get(DEFAULT_STREAM, 0.0)
-        start = max([free.get(stream, 0.0), issued] + [ready.get(key, 0.0) for key, _ in op.reads])
-        duration = max(computing, communicating) if opaque else (communicating or computing)
+        if device.overlapping_streams:  # a GPU runs an op once the CPU has issued it
+            host += launching
+            issued_by_host, own_dispatch = host, 0.0
+        else:  # a CPU dispatches and runs each op itself, one after the other
+            issued_by_host, own_dispatch = 0.0, launching
+        start = max([free.get(stream, 0.0), issued, issued_by_host] + [ready.get(key, 0.0) for key, _ in op.reads])
+        duration = (max(computing, communicating) if opaque else (communicating or computing)) + own_dispatch
         end = start + duration
         free[stream] = end
         arrives = start if op.collective is not None and op.collective.ranks in overlapped_groups else end
@@ -194,17 +206,20 @@ def predict(
             continue
         if any(written_on.get(key) == "all_gather" for key, _ in op.reads):
             copied_out = end
+        gap = start - issued
+        gap_for_host = min(max(issued_by_host - issued, 0.0), gap)
+        host_bound += gap_for_host + own_dispatch
+        waiting += gap - gap_for_host
         if op.collective is not None and not opaque:  # one thing at a time: the default stream waits it out
-            waiting += duration
+            waiting += communicating
             continue
-        exposed = duration - computing  # what an opaque op's communication adds beyond its compute
-        waiting += (start - issued) + exposed
+        waiting += max(computing, communicating) - computing if opaque else 0.0  # beyond an opaque op's compute
         busy += computing
         by_phase[op.phase] = by_phase.get(op.phase, 0.0) + computing
     total = max(free.values(), default=0.0)
     # What the default stream waits for: inputs other streams produce, and at the end their last work.
     waiting += total - free.get(DEFAULT_STREAM, 0.0)
-    return StepTime(total, busy, waiting, communication, by_phase)
+    return StepTime(total, busy, waiting, communication, by_phase, host_bound)
 
 
 def probe_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
@@ -221,11 +236,12 @@ def probe_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
 
 def cpu_device(interconnect_bandwidth: float) -> DeviceSpec:
     """This CPU as a device row, for checking the model against a real CPU run: its float32 matmul rate
-    (peak_flops.py's probe, cached) and copy bandwidth, measured at torch's thread count, and
+    (peak_flops.py's probe, run now: a cached figure may have been measured under another load) and copy
+    bandwidth, measured at torch's thread count, and
     `interconnect_bandwidth`, the measured bus bandwidth of gloo collectives between ranks on this machine.
     The measured figures are attainable ones: the row divides them by the efficiency constants, which the
     model multiplies back. One thing at a time: gloo's collectives do not overlap compute here."""
-    flops = _cached_cpu_peak_flops(torch.float32) / MATMUL_EFFICIENCY
+    flops = probe_cpu_matmul_flops(torch.float32) / MATMUL_EFFICIENCY
     link = interconnect_bandwidth / LINK_EFFICIENCY
     return DeviceSpec(
         name=f"cpu ({torch.get_num_threads()} threads)",
