@@ -21,6 +21,11 @@ otherwise). So FSDP's next all-gather hides behind the current block's compute, 
 next block's backward, while TP's collectives, consumed at once, are exposed. An opaque op that computes and
 communicates at once (ring attention: a custom op) takes the longer of the two.
 
+The CPU issues the ops: eager, each dispatched op (views too) costs it HOST_SECONDS_PER_OP, 3 us (PyTorch's
+eager dispatch through Python, a few microseconds an op); compiled, each kernel left after fusion does. A GPU
+runs an op only once the CPU has issued it, so a step of small ops is launch-bound (`host_bound_seconds`);
+a CPU device dispatches and runs each op itself, one after the other.
+
 Efficiency constants, the same for every device and row (four): two calibrated, each on one row of the
 TorchTitan paper and then used for every other row and device unchanged (tools/paper_memory_table.py prints
 all 18), two from benchmarks:
@@ -35,7 +40,7 @@ all 18), two from benchmarks:
 - LINK_EFFICIENCY 0.8: nccl-tests' bus bandwidth for large messages reaches about 80% of NVLink's and of a
   400 Gb/s NIC's line rate.
 
-Not modelled: kernel launch and CPU overhead (a GPU-bound step), latency of small collectives, contention
+Not modelled: a kernel's fixed cost on the GPU (launch latency, tails), latency of small collectives, contention
 between overlapping streams for the SMs and HBM, NCCL's tree algorithms. A pipeline stage's waiting for its
 neighbours is not in one rank's trace (a fake process group's receives return at once): pipeline_time.py
 replays the schedule for it.

@@ -396,8 +396,8 @@ def step_time_summary(entries: list[dict], timing: StepTimeSetting) -> dict:
 
 def step_time_unmodelled(layout: Layout) -> list[str]:
     found = [
-        "step time: kernel launches and CPU overhead (a GPU-bound step), small collectives' latency, overlapping "
-        "streams' contention for SMs and memory, NCCL's tree algorithms"
+        "step time: a kernel's fixed cost on the GPU (launch latency, tails), small collectives' latency, "
+        "overlapping streams' contention for SMs and memory, NCCL's tree algorithms"
     ]
     if layout.pipeline:
         found.append(
@@ -475,6 +475,7 @@ def _step_time_lines(report: dict) -> list[str]:
         lines.append(
             f"#   {e['name']}: {_seconds(t['step_seconds'])} = compute {_seconds(t['compute_seconds'])} + exposed "
             f"communication {_seconds(t['exposed_communication_seconds'])}"
+            + (f" + host-bound {_seconds(t['host_bound_seconds'])}" if t.get("host_bound_seconds") else "")
             + (f" + pipeline bubble {_seconds(t['bubble_seconds'])}" if "bubble_seconds" in t else "")
             + f" (all communication {_seconds(t['communication_seconds'])})"
         )
