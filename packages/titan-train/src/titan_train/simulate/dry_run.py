@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import multiprocessing
 import os
 import time
@@ -19,12 +18,10 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
-import torch.distributed as dist
 
 from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
 from titan_debug.devices import DEFAULT_DEVICE, DeviceSpec, get_device
 from titan_debug.op_trace import OpTrace
-from titan_debug.step_time import predict
 from titan_models import get_model_spec
 from titan_parallel.model.layout import DataParallel
 from titan_train.config import ConfigError, JobConfig, to_toml
@@ -35,9 +32,18 @@ from titan_train.run.optim import optimizer_implementation
 from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.simulate.fake_runtime import fake_rank
 from titan_train.simulate.op_costs import OPAQUE_OP_COSTS
-from titan_train.simulate.pipeline_bubbles import add_pipeline_bubbles, stage_seconds, transfer_seconds
+from titan_train.simulate.pipeline_bubbles import add_pipeline_bubbles
 from titan_train.simulate.rank_classes import RankClass, rank_classes
 from titan_train.simulate.step_memory import measure_steps
+from titan_train.simulate.step_timing import (
+    StepTimeSetting,
+    overlapped_groups,
+    step_time_lines,
+    step_time_summary,
+    step_time_unmodelled,
+    time_rank,
+    timed_figures,
+)
 
 logger = logging.getLogger("titan")
 GIB = 1024**3
@@ -77,6 +83,11 @@ def _async_tp_as_on_gpus(config: JobConfig) -> tuple[JobConfig, list[str]]:
         "(the step time overlaps its TP collectives with the matmuls that consume them)"
     )
     return plain, [note]
+
+
+def _runs_async_tp(config: JobConfig) -> bool:
+    """Whether a CUDA run of `config` would use torch's async TP pass (simulated as plain TP)."""
+    return bool(_async_tp_as_on_gpus(config)[1])
 
 
 def resolve_dry_run_layout(config: JobConfig, world_size: int) -> tuple[Layout, list[str]]:
@@ -145,24 +156,6 @@ def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtyp
     return (microbatch, sequence, spec.args_for(config.model.flavor).dim), dtype
 
 
-@dataclasses.dataclass(frozen=True)
-class StepTimeSetting:
-    """How the simulated step is timed: on which GPU, and what of the real run the (eager, plain-TP) simulation
-    leaves out that the time model puts back."""
-
-    gpu: DeviceSpec
-    compiled: bool = False
-    """torch.compile's fusion of memory-bound ops."""
-    async_tp: bool = False
-    """torch's async TP pass: TP collectives overlap the matmuls that consume them."""
-
-    @staticmethod
-    def of(config: JobConfig, gpu: DeviceSpec | None = None) -> "StepTimeSetting":
-        """As a CUDA run of `config` would run, on `gpu` (default: DEFAULT_DEVICE)."""
-        async_tp = bool(_async_tp_as_on_gpus(config)[1])
-        return StepTimeSetting(gpu or get_device(DEFAULT_DEVICE), config.compile.enable, async_tp)
-
-
 def simulate(
     config: JobConfig,
     world_size: int,
@@ -180,8 +173,7 @@ def simulate(
     timing = timing or StepTimeSetting(get_device(DEFAULT_DEVICE))
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):
         tracker, held, trainer = measure_steps(config, env, STEPS, layout, trace)
-        tp = trainer.dims.submesh("tp") if timing.async_tp else None
-        overlapped = (tuple(dist.get_process_group_ranks(tp.get_group())),) if tp is not None else ()
+        overlapped = overlapped_groups(trainer, timing)
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
@@ -193,23 +185,9 @@ def simulate(
     spec = get_model_spec(config.model.name)
     flops = spec.flops_per_token(trainer.model_args, config.training.seq_len) * tokens_per_step(config, layout)
     flops //= world_size
-    gpu = timing.gpu
-    timed = predict(trace.ops, gpu, timing.compiled, overlapped_groups=overlapped)
-    pipeline = {}
-    if layout.pipeline:  # the schedule replayed with every class's stages (pipeline_bubbles.py)
-        plan = layout.pipeline
-        stages = plan.stage_ids(rank_class.representative // (world_size // layout.dims.pp))
-        shape, dtype = pipeline_hidden
-        pipeline = {
-            "pipeline_stage_seconds": {
-                str(stage): seconds
-                for stage, seconds in stage_seconds(
-                    timed.by_phase, stages, plan.num_stages - 1, plan.n_microbatches
-                ).items()
-            },
-            "pipeline_order": trainer.parallel_model.pipeline_action_order(),
-            "pipeline_transfer_seconds": transfer_seconds(math.prod(shape) * dtype.itemsize, layout, gpu),
-        }
+    timed, pipeline = time_rank(
+        trace.ops, timing, overlapped, trainer, layout, rank_class.representative, pipeline_hidden
+    )
     return {
         "ranks": rank_class.ranks,
         "name": rank_class.name,
@@ -226,11 +204,7 @@ def simulate(
         "activations_gib": activations / GIB,
         "bytes_by_phase_at_peak": by_phase,
         "flops_per_step": flops,
-        "step_time": timed.as_dict(),
-        "tokens_per_second_per_gpu": tokens_per_step(config, layout) / world_size / timed.seconds,
-        # The paper's MFU: the model's FLOPs over the bf16 peak, float8 matmuls included.
-        "mfu": flops / timed.seconds / gpu.bf16_flops,
-        **pipeline,
+        **timed_figures(timed, pipeline, tokens_per_step(config, layout) / world_size, flops, timing.gpu),
     }
 
 
@@ -307,7 +281,7 @@ def dry_run(
     `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py).
     `gpu`: the device whose step time is predicted (default DEFAULT_DEVICE); its memory is the capacity
     unless `device_memory_gib` is given."""
-    timing = StepTimeSetting.of(config, gpu)
+    timing = StepTimeSetting(gpu or get_device(DEFAULT_DEVICE), config.compile.enable, _runs_async_tp(config))
     gpu = timing.gpu
     device_memory_gib = device_memory_gib or gpu.memory_gib
     check_world_size(world_size)
@@ -380,33 +354,6 @@ def dry_run(
     return report
 
 
-def step_time_summary(entries: list[dict], timing: StepTimeSetting) -> dict:
-    """The run's predicted step: as slow as its slowest rank class."""
-    slowest = max(entries, key=lambda e: e["step_time"]["step_seconds"])
-    return {
-        "gpu": dataclasses.asdict(timing.gpu),
-        "compiled": timing.compiled,
-        "async_tp": timing.async_tp,
-        "step_seconds": slowest["step_time"]["step_seconds"],
-        "tokens_per_second_per_gpu": slowest["tokens_per_second_per_gpu"],
-        "mfu": slowest["mfu"],
-        "slowest_rank_class": slowest["name"],
-    }
-
-
-def step_time_unmodelled(layout: Layout) -> list[str]:
-    found = [
-        "step time: a kernel's fixed cost on the GPU (launch latency, tails), small collectives' latency, "
-        "overlapping streams' contention for SMs and memory, NCCL's tree algorithms"
-    ]
-    if layout.pipeline:
-        found.append(
-            "step time: pipeline micro-batches of a stage all take the same time, and a split backward's input "
-            "and weight parts half of it each"
-        )
-    return found
-
-
 def expert_placement(config: JobConfig, layout: Layout) -> dict | None:
     """Where each MoE layer's routed experts live (None without expert parallelism): the expert-parallel
     groups (global ranks) and, for each position in a group, the experts it holds; each expert's weights
@@ -455,35 +402,10 @@ def format_report(report: dict) -> str:
             f"group holds experts {per_rank}p..{per_rank}p+{per_rank - 1}; {len(groups)} groups of "
             f"{len(groups[0])} neighbouring ranks), each FSDP-sharded over {experts['expert_fsdp_degree']} ranks"
         )
-    lines += _step_time_lines(report)
+    lines += step_time_lines(report)
     lines += [f"# unsupported: {u}" for u in report["unsupported"]]
     lines += [f"# not modelled: {u}" for u in report["unmodelled"]]
     return "\n".join(lines)
-
-
-def _step_time_lines(report: dict) -> list[str]:
-    summary = report.get("step_time")
-    if not summary:
-        return []
-    how = "compiled" if summary["compiled"] else "eager"
-    lines = [
-        f"# step time on {summary['gpu']['name']} ({how}), predicted: {_seconds(summary['step_seconds'])}, "
-        f"{summary['tokens_per_second_per_gpu']:,.0f} tokens/s per GPU, MFU {summary['mfu']:.1%}"
-    ]
-    for e in report["rank_classes"]:
-        t = e["step_time"]
-        lines.append(
-            f"#   {e['name']}: {_seconds(t['step_seconds'])} = compute {_seconds(t['compute_seconds'])} + exposed "
-            f"communication {_seconds(t['exposed_communication_seconds'])}"
-            + (f" + host-bound {_seconds(t['host_bound_seconds'])}" if t.get("host_bound_seconds") else "")
-            + (f" + pipeline bubble {_seconds(t['bubble_seconds'])}" if "bubble_seconds" in t else "")
-            + f" (all communication {_seconds(t['communication_seconds'])})"
-        )
-    return lines
-
-
-def _seconds(seconds: float) -> str:
-    return f"{seconds:.3f} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
 def _allocator_text(allocator: dict) -> str:
