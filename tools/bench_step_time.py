@@ -117,9 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the measurement")
     parser.add_argument("--tolerance", type=float, default=0.35, help="allowed |predicted/measured - 1|")
     parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("extra", nargs="*", help="config overrides for both runs, e.g. --training.seq_len 128")
-    args, unknown = parser.parse_known_args(argv)
-    extra = [*args.extra, *unknown]
+    # Anything else is a config override for both runs, e.g. --training.seq_len 128.
+    args, extra = parser.parse_known_args(argv)
 
     from titan_debug.step_time import LINK_EFFICIENCY, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, cpu_device
 
