@@ -204,6 +204,23 @@ def test_gradients_in_forward_with_a_biased_head():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_gradients_in_forward_twice_through_a_retained_graph():
+    """A zero-bubble pipeline schedule runs the loss node twice: its input pass for the hidden states, its weight
+    pass for the head's weight. Both get the plain loss's gradients (the in-place scaling once failed the second
+    run: "modified by an inplace operation")."""
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(40, DIM, generator=generator, requires_grad=True)
+    weight = torch.randn(VOCAB, DIM, generator=generator, requires_grad=True)
+    labels = torch.randint(VOCAB, (40,), generator=generator)
+    reference = F.cross_entropy(F.linear(hidden, weight), labels, reduction="sum") * 0.5
+    want_hidden, want_weight = torch.autograd.grad(reference, (hidden, weight))
+    loss = linear_cross_entropy_sum(hidden, weight, None, labels, chunk_tokens=16) * 0.5
+    (got_hidden,) = torch.autograd.grad(loss, hidden, retain_graph=True)
+    (got_weight,) = torch.autograd.grad(loss, weight)
+    torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got_weight, want_weight, rtol=1e-4, atol=1e-6)
+
+
 def test_auto_chunk_size():
     assert auto_loss_chunk_tokens(tokens=128, vocab_here=2048, dim=256) == 0  # logits no larger than the weight
     assert auto_loss_chunk_tokens(tokens=2048, vocab_here=2048, dim=256) == 256  # 8 chunks

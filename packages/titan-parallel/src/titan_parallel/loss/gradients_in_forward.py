@@ -55,11 +55,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
-        scaled = []
-        for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True):
-            # The saved gradients are this Function's own: scaled in place, no second copy.
-            scaled.append(grad.mul_(grad_loss).to(dtype) if grad is not None else None)
-        return (*scaled, None, None, None, None, None)
+        first = getattr(ctx, "scaled", None)
+        if first is None:
+            scaled = []
+            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True):
+                # The saved gradients are this Function's own: scaled in place, no second copy.
+                scaled.append(grad.mul_(grad_loss).to(dtype) if grad is not None else None)
+            ctx.scaled, ctx.grad_loss = scaled, grad_loss
+            return (*scaled, None, None, None, None, None)
+        # Run again on a retained graph: a zero-bubble pipeline schedule's weight pass re-runs this node for the
+        # head's weight after its input pass ran it for the hidden states. The saved gradients were scaled in
+        # place by the first run: rescale what it returned.
+        ratio = grad_loss / ctx.grad_loss
+        return (*(g * ratio.to(g.dtype) if g is not None else None for g in first), None, None, None, None, None)
 
 
 def _chunk_sums(hidden, weight, bias, labels, chunk_tokens, vocab_start, group, needs):

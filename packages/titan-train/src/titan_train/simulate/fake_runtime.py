@@ -91,7 +91,7 @@ def fake_rank(
 
     def hidden_states(stage):
         with fake_mode:
-            return (torch.empty(pipeline_hidden[0], dtype=pipeline_hidden[1]),)
+            return (torch.empty(pipeline_hidden[0], dtype=pipeline_hidden[1], requires_grad=True),)
 
     try:
         with (

@@ -9,13 +9,15 @@ whose stages have the same roles and the same number of blocks hold the same mod
 differs only by the activations in flight, which every schedule here gives most to the lowest pipeline
 rank (its warm-up is the longest). So such ranks form one class whose representative is the lowest: its
 peak is the class's worst (tests/test_dry_run.py checks this against every pipeline rank simulated alone).
-`every_pipeline_rank=True` makes one class per pipeline rank instead.
+Not so with zero-bubble schedules, whose deferred weight gradients keep activations longer on later ranks
+(InterleavedZeroBubble's rank 2 of 4 peaks above rank 1), nor V-shaped ones: each of their pipeline ranks is
+a class, as `every_pipeline_rank=True` makes it for any schedule.
 """
 
 from dataclasses import dataclass
 
 from titan_parallel import Layout
-from titan_parallel.pp.pipeline_plan import SCHEDULES
+from titan_parallel.pp.pipeline_plan import SCHEDULES, ZERO_BUBBLE
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,9 @@ def rank_classes(layout: Layout, every_pipeline_rank: bool = False) -> list[Rank
         return [RankClass(list(range(dims.world_size)), 0, (), "all ranks")]
     # "pp" is the outermost mesh dimension: pipeline rank p owns a contiguous block of global ranks.
     per_stage_rank = dims.world_size // dims.pp
-    alike_is_worst_first = SCHEDULES[plan.schedule] in ("single", "loop") and not every_pipeline_rank
+    alike_is_worst_first = (
+        SCHEDULES[plan.schedule] in ("single", "loop") and plan.schedule not in ZERO_BUBBLE and not every_pipeline_rank
+    )
     groups: dict[object, list[int]] = {}
     for pp_rank in range(dims.pp):
         stages = plan.stage_ids(pp_rank)
