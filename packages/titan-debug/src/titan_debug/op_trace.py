@@ -126,7 +126,7 @@ class OpTrace(TorchDispatchMode):
         collective = _collective(name, bound, inputs, outputs)
         if collective is not None or _moves_nothing(func, name):
             return TracedOp(name, phase, stream, 0, 0, floating, reads, writes, collective)
-        flops = matmul_flops(str(func._overloadpacket), bound, out)
+        flops = matmul_flops(str(func._overloadpacket), bound)
         nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
         return TracedOp(name, phase, stream, flops, nbytes, floating, reads, writes)
 
@@ -215,26 +215,20 @@ def _grouped_mm_flops(a, b) -> int:
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
+# SDPA's kernels (CPU and CUDA) -> whether it is the backward; each takes `query` and `key` arguments.
 _ATTENTION = {
-    # op: (query argument, key argument, backward?)
-    "aten._scaled_dot_product_flash_attention_for_cpu": ("query", "key", False),
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward": ("query", "key", True),
-    "aten._scaled_dot_product_flash_attention": ("query", "key", False),
-    "aten._scaled_dot_product_flash_attention_backward": ("query", "key", True),
-    "aten._scaled_dot_product_efficient_attention": ("query", "key", False),
-    "aten._scaled_dot_product_efficient_attention_backward": ("query", "key", True),
-    "aten._scaled_dot_product_cudnn_attention": ("query", "key", False),
-    "aten._scaled_dot_product_cudnn_attention_backward": ("query", "key", True),
+    f"aten._scaled_dot_product_{kernel}{suffix}": suffix == "_backward"
+    for kernel in ("flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
+    for suffix in ("", "_backward")
 }
 
 
-def matmul_flops(packet: str, bound: dict, out=None) -> int:
+def matmul_flops(packet: str, bound: dict) -> int:
     """FLOPs of a matmul-like op (`packet`: its overload packet's name, e.g. "aten.mm") on (local) tensors,
     its arguments by schema name; 0 for every other op."""
     if packet in _ATTENTION:
-        query, key, backward = _ATTENTION[packet]
         causal = bool(bound.get("is_causal", False)) and bound.get("attn_mask") is None
-        return attention_flops(bound[query], bound[key].shape[-2], causal, backward)
+        return attention_flops(bound["query"], bound["key"].shape[-2], causal, _ATTENTION[packet])
     if packet == "aten.addmm_":
         return 2 * bound["mat1"].shape[0] * bound["mat1"].shape[1] * bound["mat2"].shape[1]
     if packet in ("aten._grouped_mm", "aten._scaled_grouped_mm"):
