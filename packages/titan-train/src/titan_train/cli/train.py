@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         from titan_train.cli.plot import main as plot_main
 
         return run_command(f"{PROG} plot", lambda: plot_main(argv[1:]))
+    if argv[:1] == ["plan"]:
+        from titan_train.cli.plan import main as plan_main
+
+        return run_command(f"{PROG} plan", lambda: plan_main(argv[1:]))
     return run_command(PROG, lambda: _train(argv))
 
 

@@ -175,25 +175,26 @@ def to_dict(config: JobConfig) -> dict:
     return dataclasses.asdict(config)
 
 
+def format_toml_value(v) -> str:
+    """A config value as TOML writes it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(format_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {format_toml_value(x)}" for k, x in v.items()) + "}"
+    if v is None:
+        return '""'
+    return repr(v)
+
+
 def to_toml(config: JobConfig) -> str:
     """The resolved config as a TOML recipe (what --print-config shows)."""
-
-    def fmt(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(fmt(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {fmt(x)}" for k, x in v.items()) + "}"
-        if v is None:
-            return '""'
-        return repr(v)
-
     lines = []
     for section, values in to_dict(config).items():
         lines.append(f"[{section}]")
-        lines += [f"{k} = {fmt(v)}" for k, v in values.items()]
+        lines += [f"{k} = {format_toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)

@@ -7,7 +7,6 @@ clipping, the optimizer) on fake tensors. titan_debug's AllocationTracker record
 with its op and phase; titan_debug's caching-allocator model replays them for the reserved peak.
 """
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -15,7 +14,8 @@ import multiprocessing
 import os
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+import warnings
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import torch
 
@@ -217,6 +217,12 @@ def _simulate_reporting_errors(
     timing: StepTimeSetting,
 ):
     """`simulate` in a child process: an error comes back as text (torch's exceptions may not pickle)."""
+    # torch 2.13 warns that slicing a flattened mesh dim "will be deprecated in PT 2.11" on every slice
+    # titan_parallel makes: nothing a user can act on.
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh", category=UserWarning)
+    # DTensor's advice to flatten mesh dims for a norm over two of them (clipping): about speed on real
+    # collectives, which a simulated step does not run.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     try:
         capacity = int(capacity_gib * GIB)
         return simulate(config, world_size, rank_class, capacity, allocator.expandable_segments, timing)
@@ -267,6 +273,101 @@ def _child_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+@dataclasses.dataclass
+class DryRunJob:
+    """One dry run, resolved and checked, before anything is simulated: what each rank class runs."""
+
+    config: JobConfig
+    """As the user gave it (its layout, its warnings)."""
+    world_size: int
+    layout: Layout
+    unsupported: list[str]
+    classes: list[RankClass]
+    sim_config: JobConfig
+    """As the simulation runs it (simulated_config)."""
+    unmodelled: list[str]
+    allocator: AllocatorSetting
+    timing: StepTimeSetting
+    device_memory_gib: float
+
+
+def prepare_dry_run(
+    config: JobConfig,
+    world_size: int,
+    device_memory_gib: float | None = None,
+    every_pipeline_rank: bool = False,
+    gpu: DeviceSpec | None = None,
+) -> DryRunJob:
+    """Every check a dry run makes before it simulates (config errors raise here): the layout (a config refused
+    only for torch.compile is modelled eager), the rank classes, the config the simulation runs."""
+    timing = StepTimeSetting(gpu or get_device(DEFAULT_DEVICE), config.compile.enable, _runs_async_tp(config))
+    check_world_size(world_size)
+    allocator = allocator_setting()  # raises config errors before any work, as does the layout
+    layout, unsupported = resolve_dry_run_layout(config, world_size)
+    _check_simulable(layout)
+    sim_config, unmodelled = simulated_config(config)
+    return DryRunJob(
+        config=config,
+        world_size=world_size,
+        layout=layout,
+        unsupported=unsupported,
+        classes=rank_classes(layout, every_pipeline_rank),
+        sim_config=sim_config,
+        unmodelled=unmodelled + allocator.unmodelled,
+        allocator=allocator,
+        timing=timing,
+        device_memory_gib=device_memory_gib or timing.gpu.memory_gib,
+    )
+
+
+def simulate_class(job: DryRunJob, rank_class: RankClass) -> dict:
+    """One rank class of `job` simulated in a fresh child process (simulate_in_child): its entry of the report."""
+    return simulate_in_child(
+        _simulate_reporting_errors,
+        job.sim_config,
+        job.world_size,
+        rank_class,
+        job.device_memory_gib,
+        job.allocator,
+        job.timing,
+    )
+
+
+def simulate_in_child(function, *args):
+    """`function(*args)` in a fresh child process (_child_context). Fresh, because torch caches per-mesh state
+    (DTensor's sharding and redistribute plans) that a second fake process group in one process would find stale."""
+    with ProcessPoolExecutor(1, mp_context=_child_context()) as child:
+        return child.submit(function, *args).result()
+
+
+def finish_report(job: DryRunJob, entries: list[dict], seconds: float) -> dict:
+    """The report of `job` from its classes' entries (in class order): warnings, pipeline bubbles, step time."""
+    entries = [dict(entry) for entry in entries]
+    for entry in entries:
+        entry["device_memory_gib"] = job.device_memory_gib
+        entry["headroom_gib"] = job.device_memory_gib - entry["peak_reserved_gib"]
+        entry["warnings"] = _warnings(entry, job.config, job.layout, job.device_memory_gib)
+    if job.layout.pipeline:
+        order, transfer = entries[0]["pipeline_order"], entries[0]["pipeline_transfer_seconds"]
+        for entry in entries:
+            del entry["pipeline_order"], entry["pipeline_transfer_seconds"]
+        add_pipeline_bubbles(entries, job.layout, order, transfer)
+    allocator = job.allocator
+    return {
+        "world_size": job.world_size,
+        "steps": STEPS,
+        "device_memory_gib": job.device_memory_gib,
+        "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
+        "unsupported": job.unsupported,
+        "experts": expert_placement(job.config, job.layout),
+        "loss": {"chunk_tokens": job.layout.loss_chunk_tokens, "gradients": job.layout.loss_chunk_gradients},
+        "rank_classes": entries,
+        "step_time": step_time_summary(entries, job.timing),
+        "unmodelled": job.unmodelled + step_time_unmodelled(job.layout),
+        "seconds": seconds,
+    }
+
+
 def dry_run(
     config: JobConfig,
     world_size: int,
@@ -274,79 +375,31 @@ def dry_run(
     every_pipeline_rank: bool = False,
     gpu: DeviceSpec | None = None,
 ) -> dict:
-    """Resolve the layout (a config refused only for torch.compile is modelled eager), print the config and
-    the layout, simulate every rank class; print the table, write <dump_folder>/dry_run.json, return the report.
+    """Print the config and the layout, simulate every rank class; print the table, write
+    <dump_folder>/dry_run.json, return the report.
 
     The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
     `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py).
     `gpu`: the device whose step time is predicted (default DEFAULT_DEVICE); its memory is the capacity
     unless `device_memory_gib` is given."""
-    timing = StepTimeSetting(gpu or get_device(DEFAULT_DEVICE), config.compile.enable, _runs_async_tp(config))
-    gpu = timing.gpu
-    device_memory_gib = device_memory_gib or gpu.memory_gib
-    check_world_size(world_size)
-    allocator = allocator_setting()  # raises config errors before any work, as does the layout
-    layout, unsupported = resolve_dry_run_layout(config, world_size)
-    _check_simulable(layout)
+    job = prepare_dry_run(config, world_size, device_memory_gib, every_pipeline_rank, gpu)
     print(to_toml(config))  # what is simulated, as a recipe, then how it is laid out
-    print(f"# layout: {layout.describe()}")
-    classes = rank_classes(layout, every_pipeline_rank)
-    for refusal in unsupported:
+    print(f"# layout: {job.layout.describe()}")
+    for refusal in job.unsupported:
         logger.warning(f"dry run: unsupported: {refusal}")
-    sim_config, unmodelled = simulated_config(config)
-    unmodelled += allocator.unmodelled
     start = time.perf_counter()
-    entries = []
-    # Each class in a fresh process: torch caches per-mesh state (DTensor's sharding and redistribute
-    # plans) that a second fake process group in the same process would find stale. Forked (_child_context):
-    # nothing to re-import. Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once,
-    # and the last one does not run alone after the others.
-    at_once = max(1, min(len(classes), 2 * (os.cpu_count() or 1)))
-    for first in range(0, len(classes), at_once):
-        batch = classes[first : first + at_once]
-        with contextlib.ExitStack() as children:
-            futures = []
-            for index, rank_class in enumerate(batch, first):
-                logger.info(
-                    f"dry run: simulating {rank_class.name}, rank {rank_class.representative} "
-                    f"({index + 1}/{len(classes)})"
-                )
-                child = children.enter_context(ProcessPoolExecutor(1, mp_context=_child_context()))
-                futures.append(
-                    child.submit(
-                        _simulate_reporting_errors,
-                        sim_config,
-                        world_size,
-                        rank_class,
-                        device_memory_gib,
-                        allocator,
-                        timing,
-                    )
-                )
-            batch_entries = [future.result() for future in futures]
-        for entry in batch_entries:
-            entry["device_memory_gib"] = device_memory_gib
-            entry["headroom_gib"] = device_memory_gib - entry["peak_reserved_gib"]
-            entry["warnings"] = _warnings(entry, config, layout, device_memory_gib)
-            entries.append(entry)
-    if layout.pipeline:
-        order, transfer = entries[0]["pipeline_order"], entries[0]["pipeline_transfer_seconds"]
-        for entry in entries:
-            del entry["pipeline_order"], entry["pipeline_transfer_seconds"]
-        add_pipeline_bubbles(entries, layout, order, transfer)
-    report = {
-        "world_size": world_size,
-        "steps": STEPS,
-        "device_memory_gib": device_memory_gib,
-        "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
-        "unsupported": unsupported,
-        "experts": expert_placement(config, layout),
-        "loss": {"chunk_tokens": layout.loss_chunk_tokens, "gradients": layout.loss_chunk_gradients},
-        "rank_classes": entries,
-        "step_time": step_time_summary(entries, timing),
-        "unmodelled": unmodelled + step_time_unmodelled(layout),
-        "seconds": time.perf_counter() - start,
-    }
+    classes = job.classes
+    # Up to two per core: a pipeline's classes (first, middle, last: three) then all run at once, and the last
+    # one does not run alone after the others.
+    with ThreadPoolExecutor(max(1, min(len(classes), 2 * (os.cpu_count() or 1)))) as pool:
+        futures = []
+        for index, rank_class in enumerate(classes):
+            logger.info(
+                f"dry run: simulating {rank_class.name}, rank {rank_class.representative} ({index + 1}/{len(classes)})"
+            )
+            futures.append(pool.submit(simulate_class, job, rank_class))
+        entries = [future.result() for future in futures]
+    report = finish_report(job, entries, time.perf_counter() - start)
     os.makedirs(config.job.dump_folder, exist_ok=True)
     with open(os.path.join(config.job.dump_folder, "dry_run.json"), "w") as f:
         json.dump(report, f, indent=2)

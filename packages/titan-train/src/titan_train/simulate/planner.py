@@ -1,0 +1,322 @@
+"""`titan-train plan`: the fastest layout of a recipe on N GPUs, by dry-running the layouts that can fit.
+
+1. Enumerate layouts (plan_space.py) and drop those the config checks refuse (with the reason) and those whose
+   memory lower bound (plan_bounds.py) is over the GPU's memory.
+2. Group the rest into families (a layout without its memory levers: checkpoint mode, loss chunking) and
+   order the families by a rough time estimate, the recipe's own layout first.
+3. Dry-run each family's levers in LEVERS order (least recompute first) and stop at the first that fits: more
+   recompute only adds ops to the same step, so it is never faster. A layout is not dry-run when one already
+   found over memory holds no more (the same mesh with a local batch no larger and a checkpoint mode that
+   holds no more). `jobs` families at a time, each rank class in its own process, every class's figures
+   cached on disk.
+4. Rank what fits by predicted tokens/s per GPU.
+
+Within the time budget this equals a dry run of every layout that survives step 1 (the tests check it on a
+small case); past it, the families not reached are listed as such, in the order they would have come.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from titan_debug.devices import DeviceSpec
+from titan_train.config import ConfigError, JobConfig, to_toml
+from titan_train.config.parallel_layout import resolve_layout, tokens_per_step
+from titan_train.simulate.dry_run import DryRunJob, finish_report, prepare_dry_run, simulate_class
+from titan_train.simulate.plan_bounds import (
+    ModelSize,
+    block_input_tokens,
+    held_bytes,
+    memory_lower_bound,
+    time_estimate,
+)
+from titan_train.simulate.plan_space import HEAVIER_OR_EQUAL, LEVERS, Candidate, candidate_of, enumerate_candidates
+
+logger = logging.getLogger("titan")
+GIB = 1024**3
+ESTIMATE_MARGIN = 1.25
+"""Unless exhaustive, a layout whose estimated memory is over the GPU's by this factor is not dry-run. The
+estimate: what it holds (plan_bounds.held_bytes) plus its saved block-input tokens times the fewest bytes per
+such token any dry-run layout with the same levers needed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSettings:
+    gpus: int
+    gpu: DeviceSpec
+    device_memory_gib: float
+    budget_seconds: float = 600.0
+    """No dry run starts that would end (as long as the longest so far) after this many seconds."""
+    jobs: int = 2
+    """Families dry-run at once (one process each)."""
+    cache_folder: Path | None = None
+    """Each simulated rank class's figures, by what determines them (None: no cache)."""
+    exhaustive: bool = False
+    """Dry-run every layout the bound and the levers' order leave (no time budget, no memory estimate)."""
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What became of one candidate."""
+
+    candidate: Candidate
+    status: str
+    """"fits", "over memory" (dry-run, or implied by a layout that holds no more), "memory bound" (pruned by the
+    lower bound), "refused" (config checks), "lighter lever fits" (its family's first fitting lever comes
+    earlier in LEVERS), "not reached" (time budget)."""
+    detail: str = ""
+    estimate_seconds: float = 0.0
+    memory_gib: float | None = None
+    step_seconds: float | None = None
+    tokens_per_second_per_gpu: float | None = None
+    mfu: float | None = None
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+    is_input: bool = False
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["candidate"] = dataclasses.asdict(self.candidate)
+        out["layout"] = self.candidate.describe()
+        return out
+
+
+def global_batch_of(config: JobConfig, gpus: int) -> int:
+    t = config.training
+    if t.global_batch_size != -1:
+        return t.global_batch_size
+    return tokens_per_step(config, resolve_layout(config, gpus)) // t.seq_len
+
+
+class Planner:
+    def __init__(self, config: JobConfig, settings: PlanSettings):
+        self.config, self.settings = config, settings
+        self.size = ModelSize.of(config)
+        self.global_batch = global_batch_of(config, settings.gpus)
+        self.start = time.perf_counter()
+        self.dry_runs = 0
+        self.over_memory: list[Candidate] = []
+        self.bytes_per_token: dict[tuple[str, str], float] = {}
+        self.durations: list[float] = []
+        self.lock = threading.RLock()
+
+    def plan(self) -> list[Outcome]:
+        s = self.settings
+        given = self._input_candidate()
+        outcomes = self._screened(pipelines=s.gpus > s.gpu.gpus_per_node, given=given)
+        if not any(not o.status for o in outcomes):  # nothing can fit on one node without pipelining
+            outcomes = self._screened(pipelines=True, given=given)
+        open_families: dict[Candidate, list[Outcome]] = {}
+        for outcome in outcomes:
+            if not outcome.status:
+                open_families.setdefault(outcome.candidate.family, []).append(outcome)
+        self.waiting = list(open_families.values())
+        logger.info(
+            f"plan: {len(outcomes)} layouts of {s.gpus} GPUs; {sum(not o.status for o in outcomes)} in "
+            f"{len(self.waiting)} families left to dry-run after the config checks and the memory bound "
+            f"({sum(o.status == 'refused' for o in outcomes)} refused, "
+            f"{sum(o.status == 'memory bound' for o in outcomes)} over memory by the bound)"
+        )
+        with ThreadPoolExecutor(s.jobs) as pool:
+            list(pool.map(lambda _: self._climb_while_any(), range(s.jobs)))
+        return outcomes
+
+    def _climb_while_any(self) -> None:
+        while (family := self._next_family()) is not None:
+            self._climb(family)
+
+    def _next_family(self) -> list[Outcome] | None:
+        """The waiting family first in order now (what was learned so far changes the estimates): the recipe's
+        own layout first, then by the estimated time of the first lever not estimated over memory; among equals
+        smaller local batches (what they find over memory spares the larger ones a dry run)."""
+
+        def order(family: list[Outcome]) -> tuple:
+            rungs = sorted(family, key=lambda o: LEVERS.index((o.candidate.checkpoint, o.candidate.loss_chunk)))
+            likely = next((o for o in rungs if self._estimated_gib(o.candidate, 1.0) is None), rungs[-1])
+            return (not any(o.is_input for o in family), likely.estimate_seconds, family[0].candidate.local_batch)
+
+        with self.lock:
+            if not self.waiting:
+                return None
+            family = min(self.waiting, key=order)
+            self.waiting.remove(family)
+            return family
+
+    def _screened(self, pipelines: bool, given: Candidate | None) -> list[Outcome]:
+        s, config = self.settings, self.config
+        candidates = enumerate_candidates(
+            s.gpus, self.global_batch, config.training.seq_len, self.size.n_layers, s.gpu.gpus_per_node, pipelines
+        )
+        if given is not None and given not in candidates:
+            candidates.insert(0, given)
+        return [self._screen(c, is_input=c == given) for c in candidates]
+
+    def _input_candidate(self) -> Candidate | None:
+        try:
+            return candidate_of(self.config, resolve_layout(self.config, self.settings.gpus))
+        except ConfigError as error:
+            logger.warning(f"plan: the recipe's own layout does not run on {self.settings.gpus} GPUs: {error}")
+            return None
+
+    def _screen(self, c: Candidate, is_input: bool) -> Outcome:
+        """Config checks and the memory bound; an empty status means: dry-run it."""
+        s = self.settings
+        outcome = Outcome(c, "", is_input=is_input)
+        bound = memory_lower_bound(c, self.size, self.config) / GIB
+        if bound > s.device_memory_gib:
+            outcome.status, outcome.detail = "memory bound", f"at least {bound:.1f} GiB"
+            return outcome
+        try:
+            resolve_layout(c.apply(self.config, s.device_memory_gib), s.gpus)
+        except ConfigError as error:
+            outcome.status, outcome.detail = "refused", str(error)
+            return outcome
+        outcome.estimate_seconds = time_estimate(c, self.size, self.config, s.gpus, self.global_batch, s.gpu)
+        return outcome
+
+    def _climb(self, family: list[Outcome]) -> None:
+        """Dry-run the family's levers in LEVERS order until one fits."""
+        rungs = sorted(family, key=lambda o: LEVERS.index((o.candidate.checkpoint, o.candidate.loss_chunk)))
+        fitted = None
+        for outcome in rungs:
+            implied = self._implied_over_memory(outcome.candidate)
+            if fitted is not None and not outcome.is_input:  # the recipe's own is the plan's reference
+                outcome.status, outcome.detail = "lighter lever fits", fitted.candidate.describe()
+            elif implied is not None:
+                outcome.status, outcome.detail = "over memory", f"as {implied.describe()} is, which holds no more"
+            elif not self.settings.exhaustive and (estimate := self._estimated_gib(outcome.candidate, ESTIMATE_MARGIN)):
+                outcome.status, outcome.detail = "over memory (estimated)", f"about {estimate:.3g} GiB"
+            elif not (self.settings.exhaustive or outcome.is_input or self._time_left_for_one()):
+                outcome.status = "not reached"
+                outcome.detail = f"the time budget ({self.settings.budget_seconds:.0f} s) was spent"
+            else:
+                self._dry_run(outcome)
+                if outcome.status == "over memory":
+                    with self.lock:
+                        self.over_memory.append(outcome.candidate)
+            if outcome.status == "fits":
+                fitted = outcome
+
+    def _time_left_for_one(self) -> bool:
+        """Whether a dry run as long as the longest so far ends within the budget (the first always runs)."""
+        with self.lock:
+            if not self.durations:
+                return True
+            longest = max(self.durations)
+        return time.perf_counter() - self.start + longest <= self.settings.budget_seconds
+
+    def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
+        """The estimated GiB of `c` where they are over the GPU's memory by `margin`, else None (also when
+        nothing with its levers was dry-run yet)."""
+        per_token = self.bytes_per_token.get((c.checkpoint, c.loss_chunk))
+        if per_token is None:
+            return None
+        estimate = (held_bytes(c, self.size) + per_token * block_input_tokens(c, self.size, self.config)) / GIB
+        return estimate if estimate > self.settings.device_memory_gib * margin else None
+
+    def _learn(self, c: Candidate, memory_gib: float) -> None:
+        per_token = (memory_gib * GIB - held_bytes(c, self.size)) / block_input_tokens(c, self.size, self.config)
+        key = (c.checkpoint, c.loss_chunk)
+        with self.lock:
+            self.bytes_per_token[key] = min(self.bytes_per_token.get(key, per_token), per_token)
+
+    def _implied_over_memory(self, c: Candidate) -> Candidate | None:
+        """A layout found over memory that holds no more than `c`: the same mesh, pipeline and loss, a local
+        batch no larger, a checkpoint mode that holds no more (HEAVIER_OR_EQUAL)."""
+        with self.lock:
+            for known in self.over_memory:
+                same = dataclasses.replace(known, local_batch=c.local_batch, checkpoint=c.checkpoint) == c
+                if same and known.local_batch <= c.local_batch and c.checkpoint in HEAVIER_OR_EQUAL[known.checkpoint]:
+                    return known
+        return None
+
+    def _dry_run(self, outcome: Outcome) -> None:
+        s = self.settings
+        config = outcome.candidate.apply(self.config, s.device_memory_gib)
+        began = time.perf_counter()
+        try:
+            job = prepare_dry_run(config, s.gpus, s.device_memory_gib, gpu=s.gpu)
+        except ConfigError as error:
+            outcome.status, outcome.detail = "refused", str(error)
+            return
+        if job.unsupported:  # modelled eager, but refused as configured
+            outcome.status, outcome.detail = "refused", "; ".join(job.unsupported)
+            return
+        report = finish_report(job, [self._simulate_cached(job, rc) for rc in job.classes], 0.0)
+        classes = report["rank_classes"]
+        slowest = max(classes, key=lambda e: e["step_time"]["step_seconds"])
+        outcome.memory_gib = max(e["peak_reserved_gib"] for e in classes)
+        over = [e for e in classes if e["peak_reserved_gib"] > s.device_memory_gib or e["out_of_memory"]]
+        outcome.status = "over memory" if over else "fits"
+        summary = report["step_time"]
+        outcome.step_seconds = summary["step_seconds"]
+        outcome.tokens_per_second_per_gpu = summary["tokens_per_second_per_gpu"]
+        outcome.mfu = summary["mfu"]
+        outcome.breakdown = _breakdown(slowest["step_time"])
+        self._learn(outcome.candidate, outcome.memory_gib)
+        with self.lock:
+            self.dry_runs += 1
+            self.durations.append(time.perf_counter() - began)
+            elapsed = time.perf_counter() - self.start
+            logger.info(
+                f"plan: [{self.dry_runs} dry runs, {elapsed:.0f} s] {outcome.candidate.describe()}: "
+                f"{outcome.memory_gib:.1f} GiB, {outcome.tokens_per_second_per_gpu:,.0f} tokens/s per GPU"
+                f"{'' if not over else ' (over memory)'} ({time.perf_counter() - began:.0f} s)"
+            )
+
+    def _simulate_cached(self, job: DryRunJob, rank_class) -> dict:
+        folder = self.settings.cache_folder
+        if folder is None:
+            return simulate_class(job, rank_class)
+        file = folder / f"{_cache_key(job, rank_class)}.json"
+        if file.is_file():
+            return json.loads(file.read_text())
+        entry = simulate_class(job, rank_class)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = file.with_suffix(".tmp")
+        partial.write_text(json.dumps(entry))
+        partial.replace(file)  # a reader never sees half a file
+        return entry
+
+
+def _cache_key(job: DryRunJob, rank_class) -> str:
+    """What a rank class's figures depend on: the simulated config, the world, the class, the GPU, the
+    allocator, and the code (the packages' versions)."""
+    versions = [importlib.metadata.version(p) for p in ("titan-train", "titan-parallel", "titan-debug")]
+    what = [
+        to_toml(job.sim_config),
+        job.world_size,
+        dataclasses.asdict(rank_class),
+        dataclasses.asdict(job.timing.gpu),
+        job.timing.compiled,
+        job.timing.async_tp,
+        job.device_memory_gib,
+        job.allocator.expandable_segments,
+        versions,
+    ]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _breakdown(step_time: dict) -> dict[str, float]:
+    """Shares of the step: compute, exposed communication, pipeline bubble, host-bound."""
+    total = step_time["step_seconds"]
+    parts = {
+        "compute": step_time["compute_seconds"],
+        "communication": step_time["exposed_communication_seconds"],
+        "bubble": step_time.get("bubble_seconds", 0.0),
+        "host": step_time.get("host_bound_seconds", 0.0),
+    }
+    return {name: seconds / total for name, seconds in parts.items()}
+
+
+def ranked(outcomes: list[Outcome]) -> list[Outcome]:
+    """The layouts that fit, fastest first (ties: less memory first)."""
+    fits = [o for o in outcomes if o.status == "fits"]
+    return sorted(fits, key=lambda o: (-o.tokens_per_second_per_gpu, o.memory_gib))
