@@ -42,10 +42,12 @@ from titan_train.simulate.plan_space import HEAVIER_OR_EQUAL, LEVERS, Candidate,
 
 logger = logging.getLogger("titan")
 GIB = 1024**3
+AUTO_CHECKPOINT_OVER_BUDGET = "is below the predicted peak with every block 'full'"
+"""How titan_parallel's auto checkpointing says that even checkpointing every block cannot fit its budget."""
 ESTIMATE_MARGIN = 1.25
 """Unless exhaustive, a layout whose estimated memory is over the GPU's by this factor is not dry-run. The
 estimate: what it holds (plan_bounds.held_bytes) plus its saved block-input tokens times the fewest bytes per
-such token any dry-run layout with the same levers needed."""
+such token a dry-run layout with the same levers, TP degree and pipelining needed (_estimate_key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Planner:
         self.start = time.perf_counter()
         self.dry_runs = 0
         self.over_memory: list[Candidate] = []
-        self.bytes_per_token: dict[tuple[str, str], float] = {}
+        self.bytes_per_token: dict[tuple, float] = {}
         self.durations: list[float] = []
         self.lock = threading.RLock()
 
@@ -215,7 +217,7 @@ class Planner:
     def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
         """The estimated GiB of `c` where they are over the GPU's memory by `margin`, else None (also when
         nothing with its levers was dry-run yet)."""
-        per_token = self.bytes_per_token.get((c.checkpoint, c.loss_chunk))
+        per_token = self.bytes_per_token.get(_estimate_key(c))
         if per_token is None:
             return None
         estimate = (held_bytes(c, self.size) + per_token * block_input_tokens(c, self.size, self.config)) / GIB
@@ -223,7 +225,7 @@ class Planner:
 
     def _learn(self, c: Candidate, memory_gib: float) -> None:
         per_token = (memory_gib * GIB - held_bytes(c, self.size)) / block_input_tokens(c, self.size, self.config)
-        key = (c.checkpoint, c.loss_chunk)
+        key = _estimate_key(c)
         with self.lock:
             self.bytes_per_token[key] = min(self.bytes_per_token.get(key, per_token), per_token)
 
@@ -249,7 +251,14 @@ class Planner:
         if job.unsupported:  # modelled eager, but refused as configured
             outcome.status, outcome.detail = "refused", "; ".join(job.unsupported)
             return
-        report = finish_report(job, [self._simulate_cached(job, rc) for rc in job.classes], 0.0)
+        try:
+            report = finish_report(job, [self._simulate_cached(job, rc) for rc in job.classes], 0.0)
+        except RuntimeError as error:
+            if AUTO_CHECKPOINT_OVER_BUDGET not in str(error):
+                raise
+            outcome.status = "over memory"
+            outcome.detail = "activation_checkpoint.mode='auto' finds no choice of blocks within the budget"
+            return
         classes = report["rank_classes"]
         slowest = max(classes, key=lambda e: e["step_time"]["step_seconds"])
         outcome.memory_gib = max(e["peak_reserved_gib"] for e in classes)
@@ -284,6 +293,12 @@ class Planner:
         partial.write_text(json.dumps(entry))
         partial.replace(file)  # a reader never sees half a file
         return entry
+
+
+def _estimate_key(c: Candidate) -> tuple:
+    """What layouts share a memory estimate: the same levers, TP degree (loss parallel shards the logits) and
+    pipelining (stages hold micro-batches in flight)."""
+    return (c.checkpoint, c.loss_chunk, c.tp, c.pp > 1)
 
 
 def _cache_key(job: DryRunJob, rank_class) -> str:
