@@ -117,10 +117,7 @@ def test_a_spent_budget_leaves_the_rest_listed_as_not_reached(tmp_path):
     config = load_config(parse_argv(["--config", DEBUG, "--model.flavor", "tiny"]))
     outcomes = Planner(config, _settings(tmp_path, budget_seconds=0.0, jobs=1)).plan()
     simulated = [o for o in outcomes if o.tokens_per_second_per_gpu is not None]
-    # The first dry run always runs (its family's lightest lever), and the recipe's own, the plan's reference.
-    assert len(simulated) == 2 and [o.candidate.family for o in simulated if o.is_input] == [
-        simulated[0].candidate.family
-    ]
+    assert len(simulated) == 1 and simulated[0].is_input  # the recipe's own always runs: the plan's reference
     assert sum(o.status == "not reached" for o in outcomes) > 5
 
 

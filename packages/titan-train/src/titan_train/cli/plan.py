@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     outcomes = Planner(config, settings).plan()
     write_plan(outcomes, settings, cmd.config_file, folder, time.perf_counter() - start)
     print(format_table(outcomes, settings, top))
-    best = ranked(outcomes)
+    best = ranked(outcomes, runnable_here=True)
     if not best:
         print(f"# no layout fits {settings.device_memory_gib:g} GiB; {folder / 'plan.json'} says why for each")
         return EXIT_OK

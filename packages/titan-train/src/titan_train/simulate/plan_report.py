@@ -21,7 +21,7 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
     lines = [
         f"# plan: {settings.gpus} x {settings.gpu.name} ({settings.device_memory_gib:g} GiB); the fastest "
         f"{min(top, len(best))} of {len(best)} layouts that fit (predicted by the dry run)",
-        f"{COLUMNS[0]:>3}  {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>24}  {COLUMNS[5]}",
+        f"{COLUMNS[0]:>3}   {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>24}  {COLUMNS[5]}",
     ]
     rows = best[:top] + ([given] if given in best[top:] else [])
     lines += [_row(best.index(o) + 1, o) for o in rows]
@@ -32,6 +32,9 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
     elif best:
         gain = best[0].tokens_per_second_per_gpu / given.tokens_per_second_per_gpu - 1
         lines.append(f"# the first choice is predicted {gain:+.1%} against the recipe's own layout (*)")
+    if any(o.refused_here for o in rows):
+        refusal = next(o.refused_here for o in rows if o.refused_here)
+        lines.append(f"# (!) modelled eager: {refusal}")
     counts = Counter(o.status for o in outcomes)
     lines.append("# layouts: " + ", ".join(f"{n} {status}" for status, n in counts.most_common()))
     return "\n".join(lines)
@@ -39,9 +42,9 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
 
 def _row(place: int, o: Outcome) -> str:
     shares = "/".join(f"{o.breakdown[k]:.0%}" for k in ("compute", "communication", "bubble", "host"))
-    mark = "*" if o.is_input else " "
+    mark = ("*" if o.is_input else "") + ("!" if o.refused_here else "")
     return (
-        f"{place:>3}{mark} {o.tokens_per_second_per_gpu:>12,.0f}  {o.mfu:>6.1%}  {o.memory_gib:>5.2f} GiB  "
+        f"{place:>3}{mark:<2} {o.tokens_per_second_per_gpu:>12,.0f}  {o.mfu:>6.1%}  {o.memory_gib:>5.2f} GiB  "
         f"{shares:>24}  {o.candidate.describe()}"
     )
 
@@ -55,6 +58,7 @@ def write_plan(outcomes: list[Outcome], settings: PlanSettings, recipe: str, fol
         "device_memory_gib": settings.device_memory_gib,
         "seconds": seconds,
         "best": best[0].as_dict() if best else None,
+        "best_runnable_here": next((o.as_dict() for o in ranked(outcomes, runnable_here=True)), None),
         "input": next((o.as_dict() for o in outcomes if o.is_input), None),
         "ranked": [o.as_dict() for o in best],
         "candidates": [o.as_dict() for o in outcomes],

@@ -29,8 +29,14 @@ from pathlib import Path
 
 from titan_debug.devices import DeviceSpec
 from titan_train.config import ConfigError, JobConfig, to_toml
-from titan_train.config.parallel_layout import resolve_layout, tokens_per_step
-from titan_train.simulate.dry_run import DryRunJob, finish_report, prepare_dry_run, simulate_class
+from titan_train.config.parallel_layout import tokens_per_step
+from titan_train.simulate.dry_run import (
+    DryRunJob,
+    finish_report,
+    prepare_dry_run,
+    resolve_dry_run_layout,
+    simulate_class,
+)
 from titan_train.simulate.plan_bounds import (
     ModelSize,
     block_input_tokens,
@@ -38,7 +44,14 @@ from titan_train.simulate.plan_bounds import (
     memory_lower_bound,
     time_estimate,
 )
-from titan_train.simulate.plan_space import HEAVIER_OR_EQUAL, LEVERS, Candidate, candidate_of, enumerate_candidates
+from titan_train.simulate.plan_space import (
+    CHECKPOINT_MODES,
+    HEAVIER_OR_EQUAL,
+    LEVERS,
+    Candidate,
+    candidate_of,
+    enumerate_candidates,
+)
 
 logger = logging.getLogger("titan")
 GIB = 1024**3
@@ -82,6 +95,9 @@ class Outcome:
     mfu: float | None = None
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
     is_input: bool = False
+    refused_here: str = ""
+    """Why this torch refuses it as configured, where only torch.compile is in the way: the dry run models it
+    eager (as `--dry-run` does), and it is ranked, marked, but never the written recipe."""
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -94,7 +110,7 @@ def global_batch_of(config: JobConfig, gpus: int) -> int:
     t = config.training
     if t.global_batch_size != -1:
         return t.global_batch_size
-    return tokens_per_step(config, resolve_layout(config, gpus)) // t.seq_len
+    return tokens_per_step(config, resolve_dry_run_layout(config, gpus)[0]) // t.seq_len
 
 
 class Planner:
@@ -162,7 +178,7 @@ class Planner:
 
     def _input_candidate(self) -> Candidate | None:
         try:
-            return candidate_of(self.config, resolve_layout(self.config, self.settings.gpus))
+            return candidate_of(self.config, resolve_dry_run_layout(self.config, self.settings.gpus)[0])
         except ConfigError as error:
             logger.warning(f"plan: the recipe's own layout does not run on {self.settings.gpus} GPUs: {error}")
             return None
@@ -176,7 +192,7 @@ class Planner:
             outcome.status, outcome.detail = "memory bound", f"at least {bound:.1f} GiB"
             return outcome
         try:
-            resolve_layout(c.apply(self.config, s.device_memory_gib), s.gpus)
+            resolve_dry_run_layout(c.apply(self.config, s.device_memory_gib), s.gpus)
         except ConfigError as error:
             outcome.status, outcome.detail = "refused", str(error)
             return outcome
@@ -184,27 +200,37 @@ class Planner:
         return outcome
 
     def _climb(self, family: list[Outcome]) -> None:
-        """Dry-run the family's levers in LEVERS order until one fits."""
-        rungs = sorted(family, key=lambda o: LEVERS.index((o.candidate.checkpoint, o.candidate.loss_chunk)))
+        """Dry-run the family's levers in LEVERS order until one fits. The recipe's own layout, where it is in
+        the family, goes first and always: it is the plan's reference, and what it needs informs the estimates."""
+        for outcome in family:
+            if outcome.is_input:
+                self._dry_run_noting(outcome)
         fitted = None
-        for outcome in rungs:
-            implied = self._implied_over_memory(outcome.candidate)
-            if fitted is not None and not outcome.is_input:  # the recipe's own is the plan's reference
-                outcome.status, outcome.detail = "lighter lever fits", fitted.candidate.describe()
-            elif implied is not None:
-                outcome.status, outcome.detail = "over memory", f"as {implied.describe()} is, which holds no more"
-            elif not self.settings.exhaustive and (estimate := self._estimated_gib(outcome.candidate, ESTIMATE_MARGIN)):
-                outcome.status, outcome.detail = "over memory (estimated)", f"about {estimate:.3g} GiB"
-            elif not (self.settings.exhaustive or outcome.is_input or self._time_left_for_one()):
-                outcome.status = "not reached"
-                outcome.detail = f"the time budget ({self.settings.budget_seconds:.0f} s) was spent"
-            else:
-                self._dry_run(outcome)
-                if outcome.status == "over memory":
-                    with self.lock:
-                        self.over_memory.append(outcome.candidate)
-            if outcome.status == "fits":
+        for outcome in sorted(family, key=lambda o: LEVERS.index((o.candidate.checkpoint, o.candidate.loss_chunk))):
+            if not outcome.is_input:
+                self._rung(outcome, fitted)
+            if outcome.status == "fits" and fitted is None:
                 fitted = outcome
+
+    def _rung(self, outcome: Outcome, fitted: Outcome | None) -> None:
+        implied = self._implied_over_memory(outcome.candidate)
+        if fitted is not None:
+            outcome.status, outcome.detail = "lighter lever fits", fitted.candidate.describe()
+        elif implied is not None:
+            outcome.status, outcome.detail = "over memory", f"as {implied.describe()} is, which holds no more"
+        elif not self.settings.exhaustive and (estimate := self._estimated_gib(outcome.candidate, ESTIMATE_MARGIN)):
+            outcome.status, outcome.detail = "over memory (estimated)", f"about {estimate:.3g} GiB"
+        elif not (self.settings.exhaustive or self._time_left_for_one()):
+            outcome.status = "not reached"
+            outcome.detail = f"the time budget ({self.settings.budget_seconds:.0f} s) was spent"
+        else:
+            self._dry_run_noting(outcome)
+
+    def _dry_run_noting(self, outcome: Outcome) -> None:
+        self._dry_run(outcome)
+        if outcome.status == "over memory":
+            with self.lock:
+                self.over_memory.append(outcome.candidate)
 
     def _time_left_for_one(self) -> bool:
         """Whether a dry run as long as the longest so far ends within the budget (the first always runs)."""
@@ -217,7 +243,13 @@ class Planner:
     def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
         """The estimated GiB of `c` where they are over the GPU's memory by `margin`, else None (also when
         nothing with its levers was dry-run yet)."""
-        per_token = self.bytes_per_token.get(_estimate_key(c))
+        # A mode that holds no more than c's (HEAVIER_OR_EQUAL) tells what c needs at least.
+        known = [
+            self.bytes_per_token.get(_estimate_key(dataclasses.replace(c, checkpoint=mode)))
+            for mode in CHECKPOINT_MODES
+            if c.checkpoint in HEAVIER_OR_EQUAL[mode]
+        ]
+        per_token = max((k for k in known if k is not None), default=None)
         if per_token is None:
             return None
         estimate = (held_bytes(c, self.size) + per_token * block_input_tokens(c, self.size, self.config)) / GIB
@@ -248,9 +280,7 @@ class Planner:
         except ConfigError as error:
             outcome.status, outcome.detail = "refused", str(error)
             return
-        if job.unsupported:  # modelled eager, but refused as configured
-            outcome.status, outcome.detail = "refused", "; ".join(job.unsupported)
-            return
+        outcome.refused_here = "; ".join(job.unsupported)  # modelled eager, as the dry run does
         try:
             report = finish_report(job, [self._simulate_cached(job, rc) for rc in job.classes], 0.0)
         except RuntimeError as error:
@@ -331,7 +361,8 @@ def _breakdown(step_time: dict) -> dict[str, float]:
     return {name: seconds / total for name, seconds in parts.items()}
 
 
-def ranked(outcomes: list[Outcome]) -> list[Outcome]:
-    """The layouts that fit, fastest first (ties: less memory first)."""
-    fits = [o for o in outcomes if o.status == "fits"]
+def ranked(outcomes: list[Outcome], runnable_here: bool = False) -> list[Outcome]:
+    """The layouts that fit, fastest first (ties: less memory first); with `runnable_here`, only those this
+    torch runs as configured."""
+    fits = [o for o in outcomes if o.status == "fits" and not (runnable_here and o.refused_here)]
     return sorted(fits, key=lambda o: (-o.tokens_per_second_per_gpu, o.memory_gib))
