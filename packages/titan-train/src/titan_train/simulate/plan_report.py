@@ -12,7 +12,7 @@ from pathlib import Path
 from titan_train.config.loader import format_toml_value
 from titan_train.simulate.planner import Outcome, PlanSettings, ranked
 
-COLUMNS = ("#", "tokens/s/GPU", "MFU", "memory", "compute/comm/bubble/host", "layout")
+COLUMNS = ("#", "tokens/s/GPU", "MFU", "memory", "bound by", "compute/comm/bubble/host", "layout")
 
 
 def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> str:
@@ -21,7 +21,8 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
     lines = [
         f"# plan: {settings.gpus} x {settings.gpu.name} ({settings.device_memory_gib:g} GiB); the fastest "
         f"{min(top, len(best))} of {len(best)} layouts that fit (predicted by the dry run)",
-        f"{COLUMNS[0]:>3}   {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>24}  {COLUMNS[5]}",
+        f"{COLUMNS[0]:>3}   {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>13}  {COLUMNS[5]:>24}  "
+        f"{COLUMNS[6]}",
     ]
     rows = best[:top] + ([given] if given in best[top:] else [])
     lines += [_row(best.index(o) + 1, o) for o in rows]
@@ -42,10 +43,11 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
 
 def _row(place: int, o: Outcome) -> str:
     shares = "/".join(f"{o.breakdown[k]:.0%}" for k in ("compute", "communication", "bubble", "host"))
+    bound_by = max(o.breakdown, key=o.breakdown.get)
     mark = ("*" if o.is_input else "") + ("!" if o.refused_here else "")
     return (
         f"{place:>3}{mark:<2} {o.tokens_per_second_per_gpu:>12,.0f}  {o.mfu:>6.1%}  {o.memory_gib:>5.2f} GiB  "
-        f"{shares:>24}  {o.candidate.describe()}"
+        f"{bound_by:>13}  {shares:>24}  {o.candidate.describe()}"
     )
 
 
