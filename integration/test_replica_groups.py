@@ -1,0 +1,88 @@
+"""Replica groups with torchft ([fault_tolerance]): two groups of FSDP 2 (4 processes) and torchft's
+lighthouse. Without failure they train as one FSDP run over 4 ranks of the same global batch; with a rank of
+group 1 killed (-9), group 0 goes on alone with no restart and no step lost, and group 1 restarts under
+torchrun, heals from group 0 and ends with the same weights bit for bit."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch_helpers import DEBUG_RECIPE, read_metrics, run_script
+from replica_groups import run_groups
+
+pytest.importorskip("torchft")
+
+STEPS = 40
+TINY = [
+    "--config", str(DEBUG_RECIPE), "--model.flavor", "tiny", "--training.seq_len", "32",
+    "--training.local_batch_size", "2", "--training.deterministic", "true", "--metrics.log_freq", "1",
+    "--lr_scheduler.warmup_steps", "2", "--lr_scheduler.decay_type", "constant", "--validation.enable", "false",
+    "--fault_tolerance.timeout_seconds", "20",
+]  # fmt: skip
+
+
+def rows(dump: Path) -> list[dict]:
+    return read_metrics(dump)
+
+
+def final_state(dump: Path) -> dict:
+    return torch.load(f"{dump}.pt", weights_only=False)
+
+
+def test_two_groups_without_failure_train_as_one_fsdp_run_of_the_same_global_batch(tmp_path):
+    steps = ["--training.steps", "6"]
+    groups = run_groups([*TINY, *steps], tmp_path / "ft")
+    for group in groups:
+        assert group.proc.returncode == 0, group.output[-4000:]
+    plain = tmp_path / "plain"
+    proc = run_script("ft_driver.py", [f"{plain}.pt", *TINY, *steps, "--job.dump_folder", str(plain)], nproc=4)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # Applied: each step averaged over both groups (the step line's replicas), each group training its half.
+    ft_rows = rows(groups[0].dump)
+    assert [r["replicas"] for r in ft_rows] == ["2/2"] * 6
+    # Reference: FSDP over 4 ranks, global batch 8 (2 x 2 ranks x 2 groups); fp32, tolerance 1e-5 relative
+    # (the sum over 4 ranks is taken in another order: group, then groups).
+    expected = [r["loss"] for r in rows(plain)]
+    for group in groups:
+        assert [r["loss"] for r in rows(group.dump)] == pytest.approx(expected, rel=1e-5)
+    reference = final_state(plain)["model"]
+    for group in groups:
+        got = final_state(group.dump)["model"]
+        assert got.keys() == reference.keys()
+        for name, value in got.items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def kill_and_heal(root: Path, after_step: int) -> None:
+    # 0.4 s per step: the survivor's steps alone outlast the victim's restart (about 10 s here).
+    groups = run_groups([*TINY, "--training.steps", str(STEPS)], root, kill=(1, 1, after_step), step_seconds=0.4)
+    survivor, victim = groups
+    assert survivor.proc.returncode == 0, survivor.output[-4000:]  # run with --max-restarts=0: never restarted
+    assert victim.proc.returncode == 0, victim.output[-4000:]
+    assert "healed from a live replica group" in victim.output, victim.output[-4000:]
+    survived = rows(survivor.dump)
+    # No step lost, none repeated: every step once, in order.
+    assert [r["step"] for r in survived] == list(range(1, STEPS + 1))
+    alone = [r["step"] for r in survived if r["replicas"] == "1/2"]
+    assert alone and alone[0] >= after_step, survived  # the survivor went on alone after the kill ...
+    assert alone == list(range(alone[0], alone[-1] + 1))  # ... for consecutive steps ...
+    assert survived[-1]["replicas"] == "2/2"  # ... until the restarted group joined again
+    a, b = final_state(survivor.dump), final_state(victim.dump)
+    assert a["step"] == b["step"] == STEPS
+    for kind in ("model", "optimizer"):
+        assert a[kind].keys() == b[kind].keys()
+        for name, value in a[kind].items():
+            assert torch.equal(value, b[kind][name]), f"{kind} {name} differs between the groups"
+
+
+@pytest.mark.parametrize("after_step", [3, 6])
+def test_a_killed_group_does_not_stop_the_other_and_heals_bit_for_bit(tmp_path, after_step):
+    kill_and_heal(tmp_path, after_step)
+
+
+@pytest.mark.slow
+@pytest.mark.stress
+def test_kill_and_heal_ten_times(tmp_path):
+    for attempt in range(10):
+        kill_and_heal(tmp_path / str(attempt), after_step=2 + 2 * attempt)
