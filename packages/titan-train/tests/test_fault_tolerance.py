@@ -64,3 +64,29 @@ def test_one_group_commits_every_step_and_writes_checkpoints():
     single.start_step()
     assert single.average(1.5) == 1.5 and single.should_commit() and single.writes_checkpoints()
     assert single.live() is None  # no "replicas" on the step line
+
+
+def test_a_healed_rank_reads_its_own_rows_from_the_state_of_a_peer_groups_rank():
+    """Healing hands rank r of a live group's dataloader state to rank r of the restarted group, whose rows of
+    the global batch differ: the state is the stream position (the same on every rank), not the rows."""
+    import torch
+
+    from titan_train.data import build_dataloader
+    from titan_train.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+
+    def loader(dp_rank: int):
+        return build_dataloader(dataset="kjv", dataset_path=None, tokenizer=tokenizer, seq_len=32,
+                                local_batch_size=2, dp_rank=dp_rank, dp_world_size=4, seed=42)  # fmt: skip
+
+    live_peer, restarted_before_failure = loader(0), loader(2)  # group 0 / group 1, group rank 0, 2 ranks each
+    peer_batches, own_batches = iter(live_peer), iter(restarted_before_failure)
+    for _ in range(5):
+        next(peer_batches), next(own_batches)
+    healed = loader(2)
+    healed.load_state_dict(live_peer.state_dict())
+    expected = next(own_batches)
+    got = next(iter(healed))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not torch.equal(got[0], next(peer_batches)[0])  # the peer's own next rows are others
