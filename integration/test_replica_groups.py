@@ -30,28 +30,50 @@ def final_state(dump: Path) -> dict:
     return torch.load(f"{dump}.pt", weights_only=False)
 
 
-def test_two_groups_without_failure_train_as_one_fsdp_run_of_the_same_global_batch(tmp_path):
-    steps = ["--training.steps", "6"]
-    groups = run_groups([*TINY, *steps], tmp_path / "ft")
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> list:
+    """Two groups, 6 steps, no failure."""
+    groups = run_groups([*TINY, "--training.steps", "6"], tmp_path_factory.mktemp("straight"))
     for group in groups:
         assert group.proc.returncode == 0, group.output[-4000:]
+    return groups
+
+
+def test_two_groups_without_failure_train_as_one_fsdp_run_of_the_same_global_batch(tmp_path, straight):
     plain = tmp_path / "plain"
-    proc = run_script("ft_driver.py", [f"{plain}.pt", *TINY, *steps, "--job.dump_folder", str(plain)], nproc=4)
+    args = [f"{plain}.pt", *TINY, "--training.steps", "6", "--job.dump_folder", str(plain)]
+    proc = run_script("ft_driver.py", args, nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # Applied: each step averaged over both groups (the step line's replicas), each group training its half.
-    ft_rows = rows(groups[0].dump)
-    assert [r["replicas"] for r in ft_rows] == ["2/2"] * 6
+    assert [r["replicas"] for r in rows(straight[0].dump)] == ["2/2"] * 6
     # Reference: FSDP over 4 ranks, global batch 8 (2 x 2 ranks x 2 groups); fp32, tolerance 1e-5 relative
-    # (the sum over 4 ranks is taken in another order: group, then groups).
+    # (the sum over 4 ranks is taken in another order: within a group, then over the groups).
     expected = [r["loss"] for r in rows(plain)]
-    for group in groups:
+    for group in straight:
         assert [r["loss"] for r in rows(group.dump)] == pytest.approx(expected, rel=1e-5)
     reference = final_state(plain)["model"]
-    for group in groups:
+    for group in straight:
         got = final_state(group.dump)["model"]
         assert got.keys() == reference.keys()
         for name, value in got.items():
             torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_lowest_group_writes_the_checkpoints_and_a_whole_job_restart_resumes_from_them(tmp_path, straight):
+    folder = tmp_path / "checkpoint"  # shared by the groups
+    args = [*TINY, "--checkpoint.enable", "true", "--checkpoint.interval", "2", "--checkpoint.folder", str(folder)]
+    for steps, root in ((4, tmp_path / "first"), (6, tmp_path / "again")):
+        for group in run_groups([*args, "--training.steps", str(steps)], root):
+            assert group.proc.returncode == 0, group.output[-4000:]
+            assert ("checkpoint: saved step" in group.output) == (group.replica_id == 0), group.output[-3000:]
+    assert sorted(p.name for p in folder.glob("step-*")) == ["step-2", "step-4", "step-6"]
+    # The second start of both groups loaded step 4: its steps 5 and 6 are the straight run's, bit for bit.
+    resumed = [rows(tmp_path / "again" / f"group{g}") for g in (0, 1)]
+    for g, group_rows in enumerate(resumed):
+        assert [r["step"] for r in group_rows] == [5, 6]
+        assert [r["loss"] for r in group_rows] == [r["loss"] for r in rows(straight[g].dump)][4:]
+        for name, value in final_state(tmp_path / "again" / f"group{g}")["model"].items():
+            assert torch.equal(value, final_state(straight[g].dump)["model"][name]), name
 
 
 def kill_and_heal(root: Path, after_step: int) -> None:
