@@ -26,13 +26,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_lighthouse(log: Path) -> tuple[subprocess.Popen, str]:
-    """torchft_lighthouse on a free port: a quorum needs one group (so survivors go on alone); a group silent
-    for 1 s is dead; a quorum waits up to 10 s for a heartbeating group that has not joined (a restarted one
-    building its model)."""
+def start_lighthouse(log: Path, min_replicas: int = 1) -> tuple[subprocess.Popen, str]:
+    """torchft_lighthouse on a free port: a quorum needs `min_replicas` groups (1: survivors go on alone); a
+    group silent for 1 s is dead; a quorum waits up to 10 s for a heartbeating group that has not joined (a
+    restarted one building its model)."""
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
     port = free_port()
-    cmd = [binary, "--min_replicas", "1", "--bind", f"[::]:{port}", "--join_timeout_ms", "10000",
+    cmd = [binary, "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}", "--join_timeout_ms", "10000",
            "--heartbeat_timeout_ms", "1000", "--quorum_tick_ms", "50"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://localhost:{port}"
@@ -65,16 +65,24 @@ def start_group(replica_id: int, groups: int, args: list[str], root: Path, light
 
 
 def run_groups(args: list[str], root: Path, groups: int = 2, kill: tuple[int, int, int] | None = None,
-               timeout: float = 300, step_seconds: float = 0.0) -> list[Group]:  # fmt: skip
-    """Run `groups` replica groups of 2 ranks to the end. `kill`: (group, rank, step): kill -9 that rank of that
-    group once the group has logged that step, once; that group may restart once, the others never.
-    `step_seconds`: added to every step (ft_driver.py)."""
+               timeout: float = 300, step_seconds: float = 0.0, nproc: int = 2,
+               min_replicas: int = 1) -> list[Group]:  # fmt: skip
+    """Run `groups` replica groups of `nproc` ranks to the end (the lighthouse's quorum: `min_replicas`).
+    `kill`: (group, rank, step): kill -9 that rank of that group once the group has logged that step, once;
+    that group may restart once, the others never. `step_seconds`: added to every step (ft_driver.py)."""
     root.mkdir(parents=True, exist_ok=True)
-    lighthouse, address = start_lighthouse(root / "lighthouse.log")
+    lighthouse, address = start_lighthouse(root / "lighthouse.log", min_replicas)
     launched = [
         start_group(
-            g, groups, args, root, address, max_restarts=1 if kill and kill[0] == g else 0, step_seconds=step_seconds
-        )
+            g,
+            groups,
+            args,
+            root,
+            address,
+            max_restarts=1 if kill and kill[0] == g else 0,
+            step_seconds=step_seconds,
+            nproc=nproc,
+        )  # fmt: skip
         for g in range(groups)
     ]
     deadline = time.monotonic() + timeout

@@ -245,6 +245,12 @@ def _validate_fault_tolerance(config: JobConfig) -> None:
         "torchft_lighthouse (http://host:29510)",
     )
     _require(
+        ft.semi_sync_method == "none" or config.parallelism.pipeline_parallel_degree == 1,
+        f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} with parallelism.pipeline_parallel_degree="
+        f"{config.parallelism.pipeline_parallel_degree}: torchft's LocalSGD / DiLoCo take one model and one "
+        "optimizer, not pipeline stages; use semi_sync_method='none' or pipeline_parallel_degree=1",
+    )
+    _require(
         config.parallelism.data_parallel_replicate_degree == 1,
         f"parallelism.data_parallel_replicate_degree={config.parallelism.data_parallel_replicate_degree} with "
         "fault_tolerance.enable=true: the replica groups are the replicated dimension; set it to 1 (shard within "

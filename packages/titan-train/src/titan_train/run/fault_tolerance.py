@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_train.config.sections import FaultTolerance
 from titan_train.run.distributed import RunEnv
+from titan_train.run.semi_sync import build_semi_sync
 
 logger = logging.getLogger("titan")
 
@@ -38,7 +39,7 @@ class SingleGroup:
     def data_share(self, dp_rank: int, dp: int) -> tuple[int, int]:
         return dp_rank, dp
 
-    def attach(self, states: dict[str, Any], step: int) -> None:
+    def attach(self, states: dict[str, Any], step: int, parts: list, optimizers: list) -> None:
         pass
 
     def start_step(self) -> None:
@@ -92,18 +93,26 @@ class ReplicaGroups:
             replica_id=f"titan_group_{cfg.replica_id}",
         )  # fmt: skip
         self._states: dict[str, Any] = {}
+        # local_sgd / diloco: groups agree (quorum, averaging, commit) only every sync_steps, after the optimizer
+        # step (semi_sync.py); the per-step hooks below then leave each group to itself.
+        self._per_step = cfg.semi_sync_method == "none"
+        self._steps_per_sync = 1 if self._per_step else cfg.sync_steps
+        self._semi_sync = None
 
     def data_share(self, dp_rank: int, dp: int) -> tuple[int, int]:
         """This rank's place among the data-parallel ranks of all groups: group g's ranks come after those of
         groups 0 .. g-1, so n groups of dp ranks read what one run of n x dp ranks reads."""
         return self.cfg.replica_id * dp + dp_rank, self.cfg.group_size * dp
 
-    def attach(self, states: dict[str, Any], step: int) -> None:
+    def attach(self, states: dict[str, Any], step: int, parts: list, optimizers: list) -> None:
         """Serve `states` (name -> object with state_dict / load_state_dict) to healing peers and load them when
-        this group heals; `step`: where this group starts (a loaded checkpoint's), which torchft compares."""
+        this group heals; `step`: where this group starts (a loaded checkpoint's), which torchft compares (it
+        counts synchronisations: one per step, or one per sync_steps with semi_sync_method). `parts`,
+        `optimizers`: the model and its optimizer, which local_sgd / diloco synchronise after optimizer steps."""
         self._states = states
         self.manager.register_state_dict_fn("titan", self._load, self._state_dict)
-        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.manager.load_state_dict({"step": step // self._steps_per_sync, "batches_committed": 0})
+        self._semi_sync = build_semi_sync(self.cfg, self.manager, parts, optimizers)
 
     def _state_dict(self) -> dict[str, Any]:
         # Local shards only: the peer rank that reads them holds the same shards of the same layout.
@@ -115,6 +124,8 @@ class ReplicaGroups:
         logger.info(f"fault tolerance: healed from a live replica group at step {self.manager.current_step()}")
 
     def start_step(self) -> None:
+        if not self._per_step:
+            return
         self.manager.start_quorum()
         # A fresh job starts with all its groups, whichever started first: else the first one up trains alone and
         # the others heal from it (correct, but the run would depend on start-up timing).
@@ -130,6 +141,8 @@ class ReplicaGroups:
     def average_gradients(self, parameters) -> None:
         """Each gradient (this rank's shard) averaged over the live groups' same shard: one flat buffer per
         dtype, one collective each (and one error, not one per parameter, when a group dies during it)."""
+        if not self._per_step:
+            return
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in parameters:
             if p.grad is not None:
@@ -142,12 +155,17 @@ class ReplicaGroups:
                 grad.copy_(averaged.view_as(grad))
 
     def average(self, value: float) -> float:
-        """`value` averaged over the live groups (the step's loss over the whole trained batch)."""
+        """`value` averaged over the live groups (the step's loss over the whole trained batch); with local_sgd /
+        diloco, this group's own."""
+        if not self._per_step:
+            return value
         tensor = torch.tensor([value], dtype=torch.float64)
         self.manager.allreduce(tensor).wait()
         return tensor.item()
 
     def should_commit(self) -> bool:
+        if not self._per_step:
+            return True  # a local step; the synchronisation commits or not on its own
         committed = self.manager.should_commit()
         if not committed:
             logger.warning(
@@ -157,13 +175,18 @@ class ReplicaGroups:
         return committed
 
     def writes_checkpoints(self) -> bool:
-        """The lowest live group writes the checkpoints (every rank of a group agrees: one quorum answer)."""
-        return self.manager.participating_rank() == 0
+        """The lowest live group writes the checkpoints (every rank of a group agrees: one quorum answer); before
+        the first quorum (local_sgd / diloco: the first synchronisation), group 0."""
+        rank = self.manager.participating_rank()
+        return rank == 0 if rank is not None else self.cfg.replica_id == 0
 
-    def live(self) -> str:
-        return f"{self.manager.num_participants()}/{self.cfg.group_size}"
+    def live(self) -> str | None:
+        live = self.manager.num_participants()  # at the last quorum; 0 before the first (semi-sync)
+        return f"{live}/{self.cfg.group_size}" if live else None
 
     def close(self) -> None:
+        if self._semi_sync is not None:
+            self._semi_sync.__exit__(None, None, None)
         self.manager.shutdown(wait=False)
 
 

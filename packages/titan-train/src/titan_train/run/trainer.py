@@ -100,7 +100,7 @@ class Trainer:
         states = {"model": ModelState(self.model_parts), "lr_scheduler": self.lr_scheduler,
                   "optimizer": OptimizerState(self.model_parts, self.optimizer.optimizers),
                   "dataloader": self.dataloader, "train_state": self}  # fmt: skip
-        self.replicas.attach(states, self.step_count)
+        self.replicas.attach(states, self.step_count, self.model_parts, self.optimizer.optimizers)
         self.data_iter = None  # made at the first batch, after any state this rank loads
         self.throughput = Throughput()
 
