@@ -76,13 +76,16 @@ def test_the_lowest_group_writes_the_checkpoints_and_a_whole_job_restart_resumes
             assert torch.equal(value, final_state(straight[g].dump)["model"][name]), name
 
 
-def kill_and_heal(root: Path, after_step: int) -> None:
+def kill_and_heal(root: Path, after_step: int, victim_rank: int = 1) -> None:
     # 0.4 s per step: the survivor's steps alone outlast the victim's restart (about 10 s here).
-    groups = run_groups([*TINY, "--training.steps", str(STEPS)], root, kill=(1, 1, after_step), step_seconds=0.4)
+    groups = run_groups(
+        [*TINY, "--training.steps", str(STEPS)], root, kill=(1, victim_rank, after_step), step_seconds=0.4
+    )
     survivor, victim = groups
     assert survivor.proc.returncode == 0, survivor.output[-4000:]  # run with --max-restarts=0: never restarted
     assert victim.proc.returncode == 0, victim.output[-4000:]
     assert "healed from a live replica group" in victim.output, victim.output[-4000:]
+    assert "1 of 2 replica groups train: each step trains 1/2 of the global batch" in survivor.output
     survived = rows(survivor.dump)
     # No step lost, none repeated: every step once, in order.
     assert [r["step"] for r in survived] == list(range(1, STEPS + 1))
@@ -98,16 +101,16 @@ def kill_and_heal(root: Path, after_step: int) -> None:
             assert torch.equal(value, b[kind][name]), f"{kind} {name} differs between the groups"
 
 
-@pytest.mark.parametrize("after_step", [3, 6])
-def test_a_killed_group_does_not_stop_the_other_and_heals_bit_for_bit(tmp_path, after_step):
-    kill_and_heal(tmp_path, after_step)
+@pytest.mark.parametrize(("victim_rank", "after_step"), [(1, 3), (0, 6)])  # rank 0 runs the group's manager
+def test_a_killed_group_does_not_stop_the_other_and_heals_bit_for_bit(tmp_path, victim_rank, after_step):
+    kill_and_heal(tmp_path, after_step, victim_rank)
 
 
 @pytest.mark.slow
 @pytest.mark.stress
 def test_kill_and_heal_ten_times(tmp_path):
     for attempt in range(10):
-        kill_and_heal(tmp_path / str(attempt), after_step=2 + 2 * attempt)
+        kill_and_heal(tmp_path / str(attempt), after_step=2 + 2 * attempt, victim_rank=attempt % 2)
 
 
 @pytest.mark.parametrize("method", ["local_sgd", "diloco"])

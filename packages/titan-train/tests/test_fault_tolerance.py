@@ -24,6 +24,10 @@ ON = ["--fault_tolerance.enable", "true", "--fault_tolerance.group_size", "2"]
         ([*ON, "--parallelism.data_parallel_replicate_degree", "2"], r"data_parallel_replicate_degree=2 with .*set it"),
         (["--fault_tolerance.sync_steps", "0"], r"fault_tolerance.sync_steps=0 must be >= 1"),  # checked while off
         (["--fault_tolerance.semi_sync_method", "diloko"], r"fault_tolerance.semi_sync_method='diloko'"),
+        (
+            [*ON, "--fault_tolerance.semi_sync_method", "diloco", "--parallelism.pipeline_parallel_degree", "2"],
+            r"semi_sync_method='diloco' with parallelism.pipeline_parallel_degree=2: .* use semi_sync_method='none'",
+        ),
     ],
 )
 def test_bad_values_name_the_key_before_any_process_starts(argv, message, monkeypatch):

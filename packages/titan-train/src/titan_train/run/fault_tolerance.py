@@ -98,6 +98,7 @@ class ReplicaGroups:
         self._per_step = cfg.semi_sync_method == "none"
         self._steps_per_sync = 1 if self._per_step else cfg.sync_steps
         self._semi_sync = None
+        self._last_live = cfg.group_size  # the participants of the last quorum, for _log_membership
 
     def data_share(self, dp_rank: int, dp: int) -> tuple[int, int]:
         """This rank's place among the data-parallel ranks of all groups: group g's ranks come after those of
@@ -121,7 +122,10 @@ class ReplicaGroups:
     def _load(self, received: dict[str, Any]) -> None:
         for name, state in self._states.items():
             state.load_state_dict(_like(state.state_dict(), received[name]))
-        logger.info(f"fault tolerance: healed from a live replica group at step {self.manager.current_step()}")
+        logger.info(
+            f"fault tolerance: healed from a live replica group at step {self.manager.current_step()} (weights, "
+            "optimizer, LR schedule, step, data position); this group's rows of the steps it missed are not trained"
+        )
 
     def start_step(self) -> None:
         if not self._per_step:
@@ -136,6 +140,22 @@ class ReplicaGroups:
                 break
             time.sleep(0.1)
             self.manager.start_quorum()
+        self._log_membership()
+
+    def _log_membership(self) -> None:
+        """Say, when it changes, how many groups train the steps from this one and what that means for the data."""
+        live = self.manager.num_participants()
+        if live == self._last_live:
+            return
+        self._last_live, step, n = live, self.manager.current_step() + 1, self.cfg.group_size
+        if live < n:
+            logger.warning(
+                f"fault tolerance: from step {step}, {live} of {n} replica groups train: each step trains {live}/{n} "
+                f"of the global batch (the rows of the missing groups are skipped, not trained later); the gradient "
+                f"is the mean over the rows trained"
+            )
+        else:
+            logger.info(f"fault tolerance: from step {step}, all {n} replica groups train")
 
     @torch.no_grad()
     def average_gradients(self, parameters) -> None:
