@@ -29,13 +29,19 @@ def free_port() -> int:
 def start_lighthouse(log: Path, min_replicas: int = 1) -> tuple[subprocess.Popen, str]:
     """torchft_lighthouse on a free port: a quorum needs `min_replicas` groups (1: survivors go on alone); a
     group silent for 1 s is dead; a quorum waits up to 10 s for a heartbeating group that has not joined (a
-    restarted one building its model)."""
+    restarted one building its model). A port found free can be taken before the lighthouse binds it (it binds
+    [::], where other processes' servers listen): then another."""
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
-    port = free_port()
-    cmd = [binary, "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}", "--join_timeout_ms", "10000",
-           "--heartbeat_timeout_ms", "1000", "--quorum_tick_ms", "50"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"http://localhost:{port}"
+    for _ in range(5):
+        port = free_port()
+        cmd = [binary, "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}", "--join_timeout_ms", "10000",
+               "--heartbeat_timeout_ms", "1000", "--quorum_tick_ms", "50"]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=1)  # exits at once when the port is taken
+        except subprocess.TimeoutExpired:
+            return proc, f"http://localhost:{port}"
+    raise RuntimeError(f"torchft_lighthouse did not start: {log.read_text()[-2000:]}")
 
 
 @dataclass
