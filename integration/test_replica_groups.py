@@ -76,12 +76,16 @@ def test_the_lowest_group_writes_the_checkpoints_and_a_whole_job_restart_resumes
             assert torch.equal(value, final_state(straight[g].dump)["model"][name]), name
 
 
-def kill_and_heal(root: Path, after_step: int, victim_rank: int = 1) -> None:
+def kill_and_heal(root: Path, after_step: int, victim_rank: int = 1, victim_group: int = 1,
+                  extra: tuple[str, ...] = ()) -> tuple:  # fmt: skip
+    """Kill -9 rank `victim_rank` of group `victim_group` after it logged `after_step`; check the survivor went
+    on alone with no restart and no step lost, and that the groups end equal bit for bit. Returns (survivor,
+    victim)."""
     # 0.4 s per step: the survivor's steps alone outlast the victim's restart (about 10 s here).
-    groups = run_groups(
-        [*TINY, "--training.steps", str(STEPS)], root, kill=(1, victim_rank, after_step), step_seconds=0.4
-    )
-    survivor, victim = groups
+    args = [*TINY, "--training.steps", str(STEPS), *extra]
+    groups = run_groups(args, root, kill=(victim_group, victim_rank, after_step), step_seconds=0.4)
+    victim = groups[victim_group]
+    survivor = groups[1 - victim_group]
     assert survivor.proc.returncode == 0, survivor.output[-4000:]  # run with --max-restarts=0: never restarted
     assert victim.proc.returncode == 0, victim.output[-4000:]
     assert "healed from a live replica group" in victim.output, victim.output[-4000:]
@@ -99,11 +103,26 @@ def kill_and_heal(root: Path, after_step: int, victim_rank: int = 1) -> None:
         assert a[kind].keys() == b[kind].keys()
         for name, value in a[kind].items():
             assert torch.equal(value, b[kind][name]), f"{kind} {name} differs between the groups"
+    return survivor, victim
 
 
 @pytest.mark.parametrize(("victim_rank", "after_step"), [(1, 3), (0, 6)])  # rank 0 runs the group's manager
 def test_a_killed_group_does_not_stop_the_other_and_heals_bit_for_bit(tmp_path, victim_rank, after_step):
     kill_and_heal(tmp_path, after_step, victim_rank)
+
+
+def test_while_group_0_is_dead_group_1_writes_the_checkpoints_and_group_0_heals_past_them(tmp_path):
+    folder = tmp_path / "checkpoint"  # shared
+    checkpoints = ("--checkpoint.enable", "true", "--checkpoint.interval", "4", "--checkpoint.folder", str(folder))
+    survivor, victim = kill_and_heal(tmp_path, after_step=5, victim_rank=0, victim_group=0, extra=checkpoints)
+    alone = [r["step"] for r in rows(survivor.dump) if r["replicas"] == "1/2"]
+    written_alone = [s for s in alone if s % 4 == 0]
+    assert written_alone, alone  # group 1 was alone over a checkpoint step ...
+    for step in written_alone:  # ... and wrote it, group 0 being dead
+        assert f"checkpoint: saved step {step} " in survivor.output, survivor.output[-3000:]
+    # The restarted group 0 loaded the newest of them, then healed from group 1, which was further on.
+    assert "checkpoint: loaded step" in victim.output and "healed from a live replica group" in victim.output
+    assert (folder / f"step-{STEPS}").is_dir()
 
 
 @pytest.mark.slow
