@@ -59,6 +59,32 @@ def test_two_groups_without_failure_train_as_one_fsdp_run_of_the_same_global_bat
             torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [["--parallelism.tensor_parallel_degree", "2"], ["--parallelism.pipeline_parallel_degree", "2"]],
+    ids=["tp2", "pp2"],
+)
+def test_groups_of_tp_or_pp_train_as_one_run_with_twice_the_data_parallel_ranks(tmp_path, layout):
+    """Each group an ordinary Titan job of its own layout: 2 groups of TP 2 (or PP 2) against one run of data
+    parallel 2 x TP 2 (PP 2) on 4 ranks, the same global batch; fp32, losses and weights rtol 1e-5."""
+    args = [*TINY, *layout, "--training.steps", "4"]
+    groups = run_groups(args, tmp_path / "ft")
+    for group in groups:
+        assert group.proc.returncode == 0, group.output[-4000:]
+        assert "layout world 2" in group.output and "replicas 2/2" in group.output, group.output[-3000:]
+    plain = tmp_path / "plain"
+    proc = run_script("ft_driver.py", [f"{plain}.pt", *args, "--job.dump_folder", str(plain)], nproc=4)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    expected = [r["loss"] for r in rows(plain)]
+    reference = final_state(plain)["model"]
+    for group in groups:
+        assert [r["loss"] for r in rows(group.dump)] == pytest.approx(expected, rel=1e-5)
+        got = final_state(group.dump)["model"]
+        assert got.keys() == reference.keys()
+        for name, value in got.items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_the_lowest_group_writes_the_checkpoints_and_a_whole_job_restart_resumes_from_them(tmp_path, straight):
     folder = tmp_path / "checkpoint"  # shared by the groups
     args = [*TINY, "--checkpoint.enable", "true", "--checkpoint.interval", "2", "--checkpoint.folder", str(folder)]
