@@ -13,7 +13,7 @@ from replica_groups import run_groups
 
 pytest.importorskip("torchft")
 
-STEPS = 40
+STEPS = 50
 TINY = [
     "--config", str(DEBUG_RECIPE), "--model.flavor", "tiny", "--training.seq_len", "32",
     "--training.local_batch_size", "2", "--training.deterministic", "true", "--metrics.log_freq", "1",
@@ -183,3 +183,23 @@ def test_semi_sync_groups_match_a_hand_written_outer_update(tmp_path, method):
     assert reference["losses"][0] != reference["losses"][1]
     a, b = (final_state(group.dump)["model"] for group in groups)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.slow  # about 45 s each
+@pytest.mark.parametrize("method", ["local_sgd", "diloco"])
+def test_a_semi_sync_group_killed_heals_at_a_synchronisation(tmp_path, method):
+    """local_sgd / diloco, sync every 2 steps: group 1 killed; group 0 goes on (synchronising alone); group 1
+    restarts, heals at its first synchronisation from group 0 and, after the last one, holds the same weights
+    (the inner optimizers' moments stay each group's own)."""
+    sync = ("--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "2")
+    args = [*TINY, "--training.steps", str(STEPS), *sync]
+    survivor, victim = run_groups(args, tmp_path, kill=(1, 1, 5), step_seconds=0.4)
+    assert survivor.proc.returncode == 0, survivor.output[-4000:]  # never restarted (--max-restarts=0)
+    assert victim.proc.returncode == 0, victim.output[-4000:]
+    assert "healed from a live replica group" in victim.output, victim.output[-4000:]
+    survived = rows(survivor.dump)
+    assert [r["step"] for r in survived] == list(range(1, STEPS + 1))
+    assert "1/2" in [r.get("replicas") for r in survived] and survived[-1]["replicas"] == "2/2"
+    a, b = final_state(survivor.dump)["model"], final_state(victim.dump)["model"]
+    for name, value in a.items():
+        assert torch.equal(value, b[name]), f"{name} differs between the groups"
