@@ -122,9 +122,10 @@ class ReplicaGroups:
     def _load(self, received: dict[str, Any]) -> None:
         for name, state in self._states.items():
             state.load_state_dict(_like(state.state_dict(), received[name]))
+        step = received.get("train_state", {}).get("step")
         logger.info(
-            f"fault tolerance: healed from a live replica group at step {self.manager.current_step()} (weights, "
-            "optimizer, LR schedule, step, data position); this group's rows of the steps it missed are not trained"
+            f"fault tolerance: healed from a live replica group at step {step} (weights, optimizer, LR schedule, "
+            "step, data position); this group's rows of the steps it missed are not trained"
         )
 
     def start_step(self) -> None:
