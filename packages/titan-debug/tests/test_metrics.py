@@ -147,3 +147,12 @@ def test_console_line_shows_validation_figures(tmp_path):
     line = metrics.format_line(10, {**RECORD, "validation_loss": 4.56789, "validation_perplexity": 96.3})
     assert line.endswith("validation_loss 4.5679  validation_perplexity 96.30")
     metrics.close()
+
+
+def test_console_line_shows_replica_groups_as_written(tmp_path):
+    """A figure that is not a number ("1/2": the replica groups that trained the step, over all) shows as is,
+    and is written to metrics.jsonl as is."""
+    with MetricsLogger(tmp_path, rank=0, total_steps=50) as metrics:
+        assert metrics.format_line(10, {**RECORD, "replicas": "1/2"}).endswith("replicas 1/2")
+        metrics.log(10, {**RECORD, "replicas": "1/2"})
+    assert read_jsonl(tmp_path / "metrics.jsonl")[0]["replicas"] == "1/2"

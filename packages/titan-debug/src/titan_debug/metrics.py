@@ -124,6 +124,8 @@ class MetricsLogger:
                 value = record[key]
                 if isinstance(value, Mapping):  # one value per rank, e.g. per pipeline rank
                     shown = "|".join("n/a" if v is None else fmt(float(v)) for v in value.values())
+                elif isinstance(value, str):  # a figure that is not a number, e.g. replicas "1/2"
+                    shown = value
                 else:
                     shown = "n/a" if value is None else fmt(float(value))
                 parts.append(f"{label} {shown}")
@@ -162,6 +164,7 @@ _CONSOLE_FIELDS = (
     ("expert_imbalance", "imbalance", lambda v: f"{v:.2f}"),
     ("validation_loss", "validation_loss", lambda v: f"{v:.4f}"),
     ("validation_perplexity", "validation_perplexity", lambda v: f"{v:.2f}"),
+    ("replicas", "replicas", str),  # replica groups that trained the step / all (titan-train fault tolerance)
 )
 
 

@@ -94,7 +94,9 @@ def _resolve(config: JobConfig, world_size: int) -> Layout:
             f"checkpoint.create_seed_checkpoint runs on one process (world size is {world_size}); "
             "run it without torchrun, then launch the parallel run from that folder"
         )
-    per_step = t.local_batch_size * dims.dp
+    # With replica groups (torchft) the global batch is the whole job's: this group trains its share of it.
+    groups = config.fault_tolerance.group_size if config.fault_tolerance.enable else 1
+    per_step = t.local_batch_size * dims.dp * groups
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
         # With data_parallel_shard_degree = -1 the degree follows the world size: an elastic restart on
@@ -107,8 +109,9 @@ def _resolve(config: JobConfig, world_size: int) -> Layout:
         )
         raise ConfigError(
             f"training.global_batch_size={global_batch} is not a multiple of training.local_batch_size="
-            f"{t.local_batch_size} x data-parallel degree {dims.dp} = {per_step}; use a multiple of {per_step}"
-            f"{elastic}"
+            f"{t.local_batch_size} x data-parallel degree {dims.dp}"
+            f"{f' x fault_tolerance.group_size={groups}' if groups > 1 else ''} = {per_step}; use a multiple of "
+            f"{per_step}{elastic}"
         )
     data_parallel = _data_parallel(config, dims)
     return Layout(

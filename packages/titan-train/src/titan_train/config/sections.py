@@ -339,6 +339,40 @@ class Validation:
 
 
 @dataclass
+class FaultTolerance:
+    """Replica groups with torchft (`pip install 'titan-train[ft]'`): `group_size` copies of this job, each an
+    ordinary Titan job of its own (FSDP, TP, PP inside it) launched by its own torchrun, that average gradients
+    over the live groups each step. A group that dies does not stop the others; restarted, it heals from a live
+    one. Keys as TorchTitan's [fault_tolerance]."""
+
+    enable: bool = False
+    """Join the replica groups of `torchft_lighthouse` (its address: lighthouse_address or TORCHFT_LIGHTHOUSE)."""
+    replica_id: int = 0
+    """This group's id, 0 .. group_size - 1: it picks the group's share of each global batch. Group 0, while
+    live (else the lowest live id), writes the checkpoints."""
+    group_size: int = 0
+    """Replica groups in the job when all are live. training.global_batch_size is the whole job's: each group
+    trains global_batch_size / group_size sequences per step."""
+    min_replica_size: int = 1
+    """Fewest live groups a step commits with; with fewer, the live ones wait (the lighthouse's quorum)."""
+    lighthouse_address: str = ""
+    """http://host:port of torchft_lighthouse; empty: the TORCHFT_LIGHTHOUSE environment variable."""
+    semi_sync_method: Literal["none", "local_sgd", "diloco"] = "none"
+    """"none": gradients averaged over the live groups every step. "local_sgd": each group steps on its own and
+    the parameters are averaged every sync_steps. "diloco": every sync_steps the averaged parameter change is
+    applied by an outer SGD optimizer (outer_lr, outer_momentum, Nesterov)."""
+    sync_steps: int = 5
+    """Steps between synchronisations of local_sgd / diloco."""
+    outer_lr: float = 0.7
+    """diloco: the outer optimizer's learning rate (DiLoCo's 0.7)."""
+    outer_momentum: float = 0.9
+    """diloco: the outer optimizer's Nesterov momentum."""
+    timeout_seconds: int = 60
+    """How long a quorum or a cross-group collective may take before the step is given up (and redone by the
+    live groups)."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -356,3 +390,4 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
     debug: Debug = field(default_factory=Debug)
     validation: Validation = field(default_factory=Validation)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)

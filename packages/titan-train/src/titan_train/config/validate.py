@@ -80,6 +80,7 @@ def validate(config: JobConfig) -> None:
     _validate_inputs(config)
     _validate_document_masking(config)
     _validate_validation(config)
+    _validate_fault_tolerance(config)
 
 
 def _validate_switched_off_values(config: JobConfig) -> None:
@@ -206,3 +207,52 @@ def _validate_validation(config: JobConfig) -> None:
         resolve_dataset(v.dataset, v.dataset_path, t.dataset_text_field, keys=keys)
     except (ValueError, ImportError) as e:
         raise ConfigError(f"validation: {e}") from None
+
+
+def _validate_fault_tolerance(config: JobConfig) -> None:
+    """Replica groups (torchft): ids, sizes and the lighthouse, checked before any process starts talking."""
+    import os
+
+    ft = config.fault_tolerance
+    for key in ("sync_steps", "min_replica_size", "timeout_seconds"):
+        value = getattr(ft, key)
+        _require(value >= 1, f"fault_tolerance.{key}={value} must be >= 1")
+    _require(ft.outer_lr > 0, f"fault_tolerance.outer_lr={ft.outer_lr} must be > 0")
+    _require(0 <= ft.outer_momentum < 1, f"fault_tolerance.outer_momentum={ft.outer_momentum} must be in [0, 1)")
+    if not ft.enable:
+        return
+    _require(
+        importlib.util.find_spec("torchft") is not None,
+        "fault_tolerance.enable=true needs torchft: pip install 'titan-train[ft]' (or set it to false)",
+    )
+    _require(
+        ft.group_size >= 1,
+        f"fault_tolerance.group_size={ft.group_size}: with fault_tolerance.enable=true give the number of replica "
+        "groups of the job (>= 1)",
+    )
+    _require(
+        0 <= ft.replica_id < ft.group_size,
+        f"fault_tolerance.replica_id={ft.replica_id} must be in [0, fault_tolerance.group_size={ft.group_size})",
+    )
+    _require(
+        ft.min_replica_size <= ft.group_size,
+        f"fault_tolerance.min_replica_size={ft.min_replica_size} exceeds fault_tolerance.group_size="
+        f"{ft.group_size}: no quorum could ever form; use 1 .. {ft.group_size}",
+    )
+    _require(
+        bool(ft.lighthouse_address or os.environ.get("TORCHFT_LIGHTHOUSE")),
+        "fault_tolerance.lighthouse_address is empty and TORCHFT_LIGHTHOUSE is not set: give the address of "
+        "torchft_lighthouse (http://host:29510)",
+    )
+    _require(
+        ft.semi_sync_method == "none" or config.parallelism.pipeline_parallel_degree == 1,
+        f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} with parallelism.pipeline_parallel_degree="
+        f"{config.parallelism.pipeline_parallel_degree}: torchft's LocalSGD / DiLoCo take one model and one "
+        "optimizer, not pipeline stages; use semi_sync_method='none' or pipeline_parallel_degree=1",
+    )
+    _require(
+        config.parallelism.data_parallel_replicate_degree == 1,
+        f"parallelism.data_parallel_replicate_degree={config.parallelism.data_parallel_replicate_degree} with "
+        "fault_tolerance.enable=true: the replica groups are the replicated dimension; set it to 1 (shard within "
+        "a group with data_parallel_shard_degree)",
+    )

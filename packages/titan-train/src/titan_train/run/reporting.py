@@ -70,11 +70,14 @@ class StepReporter:
         )
 
     def step(
-        self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None, routing=None
-    ) -> None:
+        self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None, routing=None,
+        replicas: str | None = None,
+    ) -> None:  # fmt: skip
         """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
         such a step is always logged. `routing`: a mixture of experts' RoutingReport for the step (aux_loss,
-        expert_imbalance: the busiest expert's tokens over the mean, worst layer), None for dense models."""
+        expert_imbalance: the busiest expert's tokens over the mean, worst layer), None for dense models.
+        `replicas`: with replica groups, the groups the step was trained by over all ("1/2"); the loss is then
+        the mean over their sequences."""
         self.throughput.add_tokens(self.tokens_per_step)
         memory = memory_stats(self.device)["peak_gib"]
         # Every step, on every rank: stages differ in memory (the first holds the most activations).
@@ -99,6 +102,8 @@ class StepReporter:
             if routing.aux_loss is not None:
                 record["aux_loss"] = routing.aux_loss
             record["expert_imbalance"] = routing.imbalance
+        if replicas is not None:
+            record["replicas"] = replicas
         if self.model.layout.pipeline is not None:
             record["memory_pp"] = {str(rank): peak for rank, peak in enumerate(memory_per_stage)}
         self.metrics.log(step, record)

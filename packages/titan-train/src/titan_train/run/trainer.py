@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from titan_checkpoint import ModelState, OptimizerState
 from titan_debug import (
     MemorySnapshotter,
     Profiler,
@@ -33,6 +34,7 @@ from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
 from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
+from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
 from titan_train.run.optim import LRSchedulers, Optimizers
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
@@ -68,6 +70,8 @@ class Trainer:
         self.dims.build_mesh(env.device.type)
         # Same seed on every rank but pipeline stages: DTensor random ops need it the same across dp/tp/cp.
         seed_everything(t.seed, rank_offset=self.dims.local_rank("pp"), deterministic=t.deterministic)
+        # One group, or this group's side of torchft's replica groups: the step calls the same hooks either way.
+        self.replicas = build_replica_groups(config.fault_tolerance, env)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
         self.parallel_model = build_parallel_model(
@@ -90,7 +94,14 @@ class Trainer:
         if self.checkpoint is not None and self.checkpoint.load():
             logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
             log_resume(self.checkpoint.loaded_from, self.step_count, config.job.dump_folder, run)
-        self.data_iter = iter(self.dataloader)
+        if self.checkpoint is not None:
+            self.checkpoint = OneGroupSaves(self.checkpoint, self.replicas)
+        # What a restarted replica group copies from a live one: the checkpoint's states, this rank's own.
+        states = {"model": ModelState(self.model_parts), "lr_scheduler": self.lr_scheduler,
+                  "optimizer": OptimizerState(self.model_parts, self.optimizer.optimizers),
+                  "dataloader": self.dataloader, "train_state": self}  # fmt: skip
+        self.replicas.attach(states, self.step_count, self.model_parts, self.optimizer.optimizers)
+        self.data_iter = None  # made at the first batch, after any state this rank loads
         self.throughput = Throughput()
 
     def state_dict(self) -> dict:
@@ -98,9 +109,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count = state["step"]
+        self.data_iter = None  # the dataloader's state is loaded too: iterate from it
 
     def _build_dataloader(self):
         t = self.config.training
+        dp_rank, dp_world_size = self.replicas.data_share(self.dims.local_rank("dp"), self.dims.dp)
         return build_dataloader(
             dataset=t.dataset,
             dataset_path=t.dataset_path,
@@ -109,8 +122,9 @@ class Trainer:
             tokenizer=self.tokenizer,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
-            dp_rank=self.dims.local_rank("dp"),
-            dp_world_size=self.dims.dp,
+            # With replica groups, this rank's place among the data-parallel ranks of all groups.
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
             num_workers=t.dataloader_num_workers,
             seed=t.seed,
             accumulation_steps=self.layout.accumulation_steps,
@@ -131,6 +145,8 @@ class Trainer:
         return self.parallel_model.parameters()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.data_iter is None:
+            self.data_iter = iter(self.dataloader)
         with self.throughput.data_wait():
             inputs, labels = next(self.data_iter)
         return inputs.to(self.env.device), labels.to(self.env.device)
@@ -139,13 +155,22 @@ class Trainer:
         """One optimizer step over `accumulation_steps` micro-batches: (loss, grad_norm, lr used).
 
         A non-finite loss or grad norm stops the run before the update (debug.nan_policy = "stop") or
-        skips the update ("skip").
+        skips the update ("skip"). With replica groups (fault_tolerance.py) the step starts with their quorum (a
+        restarted group heals there, so its batches are read after), gradients and loss are averaged over the
+        live groups, and a step during which a group failed is redone by the live ones on the same batches.
         """
         model, accumulation = self.parallel_model, self.layout.accumulation_steps
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = sum(model.forward_backward(*self.next_batch(), 1.0 / accumulation) for _ in range(accumulation))
-        grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
-        loss = model.mean_loss(loss)
+        self.replicas.start_step()
+        batches = [self.next_batch() for _ in range(accumulation)]
+        while True:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = sum(model.forward_backward(*batch, 1.0 / accumulation) for batch in batches)
+            self.replicas.average_gradients(model.parameters())
+            grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
+            loss = self.replicas.average(model.mean_loss(loss))
+            if self.replicas.should_commit():
+                break
+            self.replicas.start_step()
         lr = self.lr_scheduler.get_last_lr()[0]
         self.step_count += 1
         if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
@@ -183,7 +208,7 @@ class Trainer:
                     self._shorten_timeouts_after_first_step()
                     with self.throughput.excluded():  # evaluation time is not training throughput
                         validation = validator.run() if validator.due(self.step_count) else {}
-                    reporter.step(self.step_count, loss, grad_norm, lr, validation, self.routing)
+                    reporter.step(self.step_count, loss, grad_norm, lr, validation, self.routing, self.replicas.live())
                     if self.checkpoint is not None:
                         self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()
@@ -197,6 +222,7 @@ class Trainer:
             # second timeout and hide the first error. An unfinished save stays a .tmp folder, never loaded.
             if self.checkpoint is not None and not comm_failed:
                 self.checkpoint.close()
+            self.replicas.close()
         self._export()
         return losses
 
