@@ -485,3 +485,15 @@ def test_ring_attention_costs_the_whole_sequence_for_local_queries_and_sends_kv_
         assert ring_back.nbytes == 2 * ring.nbytes  # float32 gradient accumulators travel with the blocks
     finally:
         dist.destroy_process_group()
+
+
+def test_a_replica_group_recipe_is_simulated_as_one_group_with_its_share_of_the_batch(tmp_path):
+    ft = ["--fault_tolerance.enable", "true", "--fault_tolerance.group_size", "2",
+          "--fault_tolerance.lighthouse_address", "http://localhost:1"]  # fmt: skip
+    report = _dry_run(tmp_path, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2",
+                      "--model.flavor", "tiny", "--training.global_batch_size", "64", *ft)  # fmt: skip
+    alone = _dry_run(tmp_path / "alone", "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2",
+                     "--model.flavor", "tiny", "--training.global_batch_size", "32")  # fmt: skip
+    # One group of two trains 32 of the job's 64 sequences a step: as a job of 32 alone (no lighthouse reached).
+    assert report["rank_classes"][0]["flops_per_step"] == alone["rank_classes"][0]["flops_per_step"]
+    assert any(u.startswith("replica groups: one group is simulated") for u in report["unmodelled"])

@@ -134,15 +134,31 @@ def simulated_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
     unmodelled += async_tp_notes
     if config.parallelism.pipeline_parallel_degree > 1:
         unmodelled.append("pipeline P2P: NCCL's send/recv staging buffers")
-    # Nothing to save or resume: checkpoints and validation stay off. The optimizer a CUDA run would use.
+    if config.fault_tolerance.enable:
+        unmodelled.append(
+            "replica groups: one group is simulated, its gradients averaged with no other (torchft's all-reduce "
+            "across groups, its lighthouse and its process group's buffers are not modelled)"
+        )
+    # Nothing to save or resume: checkpoints and validation stay off, and no lighthouse is reached. The
+    # optimizer a CUDA run would use.
     implementation = optimizer_implementation(config.optimizer.implementation, "cuda")
     config = dataclasses.replace(
         config,
         checkpoint=dataclasses.replace(config.checkpoint, enable=False),
+        fault_tolerance=dataclasses.replace(config.fault_tolerance, enable=False),
+        training=_one_replica_groups_batch(config),
         validation=dataclasses.replace(config.validation, enable=False),
         optimizer=dataclasses.replace(config.optimizer, implementation=implementation),
     )
     return config, unmodelled
+
+
+def _one_replica_groups_batch(config: JobConfig):
+    """The training section of one replica group run alone: its share of the job's global batch."""
+    t, ft = config.training, config.fault_tolerance
+    if not ft.enable or t.global_batch_size == -1:
+        return t
+    return dataclasses.replace(t, global_batch_size=t.global_batch_size // ft.group_size)
 
 
 def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtype]:
