@@ -69,7 +69,7 @@ class PlanSettings:
     gpu: DeviceSpec
     device_memory_gib: float
     budget_seconds: float = 600.0
-    """No dry run starts that would end (as long as the longest so far) after this many seconds."""
+    """No dry run starts that would end after this many seconds (its classes each as long as the longest so far)."""
     jobs: int = 2
     """Families dry-run at once (one process each)."""
     cache_folder: Path | None = None
@@ -122,7 +122,7 @@ class Planner:
         self.dry_runs = 0
         self.over_memory: list[Candidate] = []
         self.bytes_per_token: dict[tuple, float] = {}
-        self.durations: list[float] = []
+        self.class_seconds: list[float] = []
         self.lock = threading.RLock()
 
     def plan(self) -> list[Outcome]:
@@ -220,25 +220,23 @@ class Planner:
             outcome.status, outcome.detail = "over memory", f"as {implied.describe()} is, which holds no more"
         elif not self.settings.exhaustive and (estimate := self._estimated_gib(outcome.candidate, ESTIMATE_MARGIN)):
             outcome.status, outcome.detail = "over memory (estimated)", f"about {estimate:.3g} GiB"
-        elif not (self.settings.exhaustive or self._time_left_for_one()):
-            outcome.status = "not reached"
-            outcome.detail = f"the time budget ({self.settings.budget_seconds:.0f} s) was spent"
         else:
-            self._dry_run_noting(outcome)
+            self._dry_run_noting(outcome, within_budget=not self.settings.exhaustive)
 
-    def _dry_run_noting(self, outcome: Outcome) -> None:
-        self._dry_run(outcome)
+    def _dry_run_noting(self, outcome: Outcome, within_budget: bool = False) -> None:
+        self._dry_run(outcome, within_budget)
         if outcome.status == "over memory":
             with self.lock:
                 self.over_memory.append(outcome.candidate)
 
-    def _time_left_for_one(self) -> bool:
-        """Whether a dry run as long as the longest so far ends within the budget (the first always runs)."""
+    def _time_left_for(self, classes: int) -> bool:
+        """Whether a dry run of `classes` rank classes, each as long as the longest class so far, ends within the
+        budget (the first always runs)."""
         with self.lock:
-            if not self.durations:
+            if not self.class_seconds:
                 return True
-            longest = max(self.durations)
-        return time.perf_counter() - self.start + longest <= self.settings.budget_seconds
+            longest = max(self.class_seconds)
+        return time.perf_counter() - self.start + longest * classes <= self.settings.budget_seconds
 
     def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
         """The estimated GiB of `c` where they are over the GPU's memory by `margin`, else None (also when
@@ -271,7 +269,7 @@ class Planner:
                     return known
         return None
 
-    def _dry_run(self, outcome: Outcome) -> None:
+    def _dry_run(self, outcome: Outcome, within_budget: bool = False) -> None:
         s = self.settings
         config = outcome.candidate.apply(self.config, s.device_memory_gib)
         began = time.perf_counter()
@@ -279,6 +277,9 @@ class Planner:
             job = prepare_dry_run(config, s.gpus, s.device_memory_gib, gpu=s.gpu)
         except ConfigError as error:
             outcome.status, outcome.detail = "refused", str(error)
+            return
+        if within_budget and not self._time_left_for(len(job.classes)):
+            outcome.status, outcome.detail = "not reached", f"the time budget ({s.budget_seconds:.0f} s) was spent"
             return
         outcome.refused_here = "; ".join(job.unsupported)  # modelled eager, as the dry run does
         try:
@@ -302,7 +303,7 @@ class Planner:
         self._learn(outcome.candidate, outcome.memory_gib)
         with self.lock:
             self.dry_runs += 1
-            self.durations.append(time.perf_counter() - began)
+            self.class_seconds.append((time.perf_counter() - began) / len(job.classes))
             elapsed = time.perf_counter() - self.start
             logger.info(
                 f"plan: [{self.dry_runs} dry runs, {elapsed:.0f} s] {outcome.candidate.describe()}: "
