@@ -12,10 +12,7 @@ import os
 import sys
 import time
 
-import torch
-
-from parity_driver import full, merged_over_ranks
-from titan_parallel.model.applied_layout import clean_fqn
+from state_dump import save_full_states
 from titan_train.config import load_config, parse_argv
 from titan_train.run.distributed import init_distributed, shutdown_distributed
 from titan_train.run.trainer import Trainer
@@ -32,15 +29,7 @@ def main(argv: list[str]) -> None:
         pause, quorum = float(os.environ.get("TITAN_TEST_STEP_SECONDS", "0")), trainer.replicas.start_step
         trainer.replicas.start_step = lambda: (quorum(), time.sleep(pause))
         trainer.train()
-        model, optimizer = {}, {}
-        for part, part_optimizer in zip(trainer.model_parts, trainer.optimizer.optimizers, strict=True):
-            for name, param in part.named_parameters():
-                model[clean_fqn(name)] = full(param)
-                for key, value in part_optimizer.state.get(param, {}).items():
-                    optimizer[f"{clean_fqn(name)}.{key}"] = full(value)
-        model, optimizer = merged_over_ranks(model), merged_over_ranks(optimizer)
-        if env.rank == 0:
-            torch.save({"step": trainer.step_count, "model": model, "optimizer": optimizer}, out)
+        save_full_states(trainer, env.rank, out, with_step=True)
     finally:
         shutdown_distributed()
 

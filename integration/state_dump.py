@@ -12,24 +12,26 @@ from titan_train.run.distributed import init_distributed, shutdown_distributed
 from titan_train.run.trainer import Trainer
 
 
+def save_full_states(trainer: Trainer, rank: int, out: str, with_step: bool = False) -> None:
+    """Saved by rank 0 to `out`: the full parameters and optimizer moments (AdamW's step counts too if `with_step`)."""
+    model, optimizer = {}, {}
+    for part, part_optimizer in zip(trainer.model_parts, trainer.optimizer.optimizers, strict=True):
+        for name, param in part.named_parameters():
+            model[clean_fqn(name)] = full(param)
+            for key, value in part_optimizer.state.get(param, {}).items():
+                if with_step or key != "step":
+                    optimizer[f"{clean_fqn(name)}.{key}"] = full(value)
+    model, optimizer = merged_over_ranks(model), merged_over_ranks(optimizer)
+    if rank == 0:
+        torch.save({"step": trainer.step_count, "model": model, "optimizer": optimizer}, out)
+
+
 def main(argv: list[str]) -> None:
     out, rest = argv[0], argv[1:]
     config = load_config(parse_argv(rest))
     env = init_distributed(config)
     try:
-        trainer = Trainer(config, env)
-        model, optimizer = {}, {}
-        parts = zip(trainer.model_parts, trainer.optimizer.optimizers, strict=True)
-        for part, part_optimizer in parts:
-            for name, param in part.named_parameters():
-                name = clean_fqn(name)
-                model[name] = full(param)
-                for key, value in part_optimizer.state.get(param, {}).items():
-                    if key != "step":
-                        optimizer[f"{name}.{key}"] = full(value)
-        model, optimizer = merged_over_ranks(model), merged_over_ranks(optimizer)
-        if env.rank == 0:
-            torch.save({"step": trainer.step_count, "model": model, "optimizer": optimizer}, out)
+        save_full_states(Trainer(config, env), env.rank, out)
     finally:
         shutdown_distributed()
 

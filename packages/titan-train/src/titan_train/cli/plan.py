@@ -100,6 +100,7 @@ def main(argv: list[str]) -> int:
     if not best:
         print(f"# no layout fits {settings.device_memory_gib:g} GiB; {folder / 'plan.json'} says why for each")
         return EXIT_OK
-    recipe = write_best_recipe(best[0], settings, cmd.config_file, config, list(cmd.overrides), folder)
+    kept = [key for key in cmd.overrides if key != "job.dump_folder"]  # where the plan went, not the run
+    recipe = write_best_recipe(best[0], settings, cmd.config_file, config, kept, folder)
     print(f"# wrote {folder / 'plan.json'} and {recipe} (train it: titan-train --config {recipe})")
     return EXIT_OK
