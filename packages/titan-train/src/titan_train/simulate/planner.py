@@ -283,7 +283,9 @@ class Planner:
             return
         outcome.refused_here = "; ".join(job.unsupported)  # modelled eager, as the dry run does
         try:
-            report = finish_report(job, [self._simulate_cached(job, rc) for rc in job.classes], 0.0)
+            report = finish_report(
+                job, [simulate_cached(job, rc, self.settings.cache_folder) for rc in job.classes], 0.0
+            )
         except RuntimeError as error:
             if AUTO_CHECKPOINT_OVER_BUDGET not in str(error):
                 raise
@@ -311,19 +313,20 @@ class Planner:
                 f"{'' if not over else ' (over memory)'} ({time.perf_counter() - began:.0f} s)"
             )
 
-    def _simulate_cached(self, job: DryRunJob, rank_class) -> dict:
-        folder = self.settings.cache_folder
-        if folder is None:
-            return simulate_class(job, rank_class)
-        file = folder / f"{_cache_key(job, rank_class)}.json"
-        if file.is_file():
-            return json.loads(file.read_text())
-        entry = simulate_class(job, rank_class)
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = file.with_suffix(".tmp")
-        partial.write_text(json.dumps(entry))
-        partial.replace(file)  # a reader never sees half a file
-        return entry
+
+def simulate_cached(job: DryRunJob, rank_class, folder: Path | None) -> dict:
+    """simulate_class, its entry kept in `folder` by what determines it (_cache_key); no cache without one."""
+    if folder is None:
+        return simulate_class(job, rank_class)
+    file = folder / f"{_cache_key(job, rank_class)}.json"
+    if file.is_file():
+        return json.loads(file.read_text())
+    entry = simulate_class(job, rank_class)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = file.with_suffix(f".{threading.get_ident()}.tmp")
+    partial.write_text(json.dumps(entry))
+    partial.replace(file)  # a reader never sees half a file
+    return entry
 
 
 def _estimate_key(c: Candidate) -> tuple:
