@@ -73,14 +73,10 @@ def _peak_flops(gpu: DeviceSpec, config: JobConfig) -> float:
     return gpu.fp8_flops if config.float8.enable and gpu.fp8_flops else gpu.bf16_flops
 
 
-def _flops_per_gpu(c: Candidate, size: ModelSize, config: JobConfig, gpus: int, global_batch: int) -> float:
-    return size.flops_per_token * global_batch * config.training.seq_len / gpus
-
-
 def time_estimate(c: Candidate, size: ModelSize, config: JobConfig, gpus: int, global_batch: int, gpu) -> float:
     """A rough step time of `c` (only to order the dry runs): compute with recompute, pipeline bubble, TP's
     exposed collectives, FSDP's traffic where it exceeds the compute it overlaps."""
-    flops = _flops_per_gpu(c, size, config, gpus, global_batch) * RECOMPUTE[c.checkpoint]
+    flops = size.flops_per_token * global_batch * config.training.seq_len / gpus * RECOMPUTE[c.checkpoint]
     compute = flops / (_peak_flops(gpu, config) * ESTIMATE_EFFICIENCY)
     if c.pp > 1:
         microbatches = c.local_batch // c.microbatch_size
