@@ -223,7 +223,35 @@ def test_gradients_in_forward_twice_through_a_retained_graph():
 
 def test_auto_chunk_size():
     assert auto_loss_chunk_tokens(tokens=128, vocab_here=2048, dim=256) == 0  # logits no larger than the weight
-    assert auto_loss_chunk_tokens(tokens=2048, vocab_here=2048, dim=256) == 256  # 8 chunks
-    assert auto_loss_chunk_tokens(tokens=8192, vocab_here=128256, dim=4096) == 256  # 32 chunks, the floor
-    assert auto_loss_chunk_tokens(tokens=65536, vocab_here=128256, dim=4096) == 2048
-    assert auto_loss_chunk_tokens(tokens=65536, vocab_here=128256 // 8, dim=4096) == 16384  # a TP 8 slice
+    assert auto_loss_chunk_tokens(tokens=2048, vocab_here=2048, dim=256) == 256  # dim / 2 under the floor
+    assert auto_loss_chunk_tokens(tokens=4096, vocab_here=128256, dim=2048) == 1024  # Llama 3.2 1B: 4 chunks
+    assert auto_loss_chunk_tokens(tokens=8192, vocab_here=128256, dim=4096) == 2048
+    assert auto_loss_chunk_tokens(tokens=65536, vocab_here=128256 // 8, dim=4096) == 2048  # a TP 8 slice too
+    assert auto_loss_chunk_tokens(tokens=4096, vocab_here=151936, dim=2560) == 2048  # rounded up to a power of 2
+
+
+def test_weight_gradient_added_in_float32_by_one_matmul_where_torch_has_it():
+    """Where torch has a bf16 x bf16 -> float32 matmul for the device (CUDA; the dry run's fake tensors, whose
+    meta kernels stand for CUDA's), each chunk's weight gradient is added into the float32 gradient by that
+    matmul: no weight-sized product and no float32 copy of it, one weight-sized op per chunk."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    vocab, dim, tokens, chunk = 512, 48, 256, 64
+
+    class WeightSizedOps(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == (vocab, dim):
+                self.ops.append(func)
+            return out
+
+    with FakeTensorMode():
+        hidden = torch.randn(tokens, dim, dtype=torch.bfloat16, requires_grad=True)
+        weight = torch.randn(vocab, dim, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.randint(0, vocab, (tokens,))
+        with WeightSizedOps() as recorded:
+            linear_cross_entropy_sum(hidden, weight, None, labels, chunk)
+    accumulations = [op for op in recorded.ops if op is not torch.ops.aten.zeros.default]
+    assert accumulations == [torch.ops.aten.addmm.dtype_out] * (tokens // chunk)
