@@ -94,7 +94,9 @@ def main() -> None:
                 rows = train(work / f"{mode}_{variant}_{round_}", [*base, *MODES[mode], *VARIANTS[variant]])
                 tps.setdefault((mode, variant), []).append(steady(rows, "tps"))
                 memory[(mode, variant)] = max(r.get("memory") or 0.0 for r in rows)
-                print(f"  {mode:8s} {variant:10s} round {round_}: {tps[(mode, variant)][-1]:,.0f} tok/s", flush=True)
+                losses = " ".join(f"{r['loss']:.4f}" for r in rows[-3:])
+                print(f"  {mode:8s} {variant:10s} round {round_}: {tps[(mode, variant)][-1]:,.0f} tok/s, "
+                      f"last losses {losses}", flush=True)  # fmt: skip
     print("\n| mode | loss | tokens/s | vs plain | peak GiB | vs plain |\n|---|---|---:|---:|---:|---:|")
     for mode in args.modes:
         plain = (mode, "plain")
