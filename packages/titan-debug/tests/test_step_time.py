@@ -54,6 +54,18 @@ def test_a_bf16_matmul_is_timed_at_the_bf16_rate_or_by_its_bytes():
     assert step_time.op_seconds(op, fast_memory) == pytest.approx(compute)
 
 
+def test_a_bf16_product_accumulated_into_float32_is_timed_at_the_bf16_rate():
+    """`addmm(total, a, b, out_dtype=float32)` (the chunked loss's weight gradient on CUDA) multiplies bf16
+    operands: the float32 `self` it adds to does not make it a float32 matmul. Fake tensors: CPU has no kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        total = torch.zeros(64, 16)
+        a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16)
+        (op,) = traced(lambda: torch.addmm(total, a, b, out_dtype=torch.float32, out=total))
+    assert (op.flops, op.dtype) == (2 * 64 * 32 * 16, torch.bfloat16)
+
+
 def test_a_float8_matmul_runs_at_the_float8_rate_where_the_device_has_one():
     op = TracedOp("aten.mm.default", "", "default", 10**12, 0, torch.float8_e4m3fn, (), ())
     assert step_time.op_seconds(op, DEVICE) == pytest.approx(1e12 / (2e12 * MATMUL_EFFICIENCY))

@@ -189,6 +189,33 @@ def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_p
     assert predicted_tps == pytest.approx(paper_tps, rel=0.15)
 
 
+def test_float8_tp_collectives_are_simulated_as_a_cuda_run_sends_them(tmp_path):
+    """A CUDA run of Float8 with TP all-gathers float8 activations (titan-float8's TP styles); the dry run on
+    this CPU simulates those, not the high-precision collectives a gloo run falls back to: the step's
+    communication is below the same config's without Float8 (bf16 activations: float8 halves them)."""
+    communication = {}
+    for float8 in ("true", "false"):
+        report = _dry_run(
+            tmp_path / float8, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2",
+            "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+            "--training.mixed_precision_param", "bfloat16", "--float8.enable", float8,
+        )  # fmt: skip
+        communication[float8] = report["rank_classes"][0]["step_time"]["communication_seconds"]
+        assert not any("Float8 TP" in note for note in report["unmodelled"])
+    assert communication["true"] < 0.8 * communication["false"], communication
+
+
+def test_a_tensor_parallel_step_times_its_backward_as_backward(tmp_path):
+    """The model's output under TP is a DTensor: the backward phase starts at its gradient (a hook on its
+    local view never ran, and the backward's time and bytes were booked under the loss)."""
+    report = _dry_run(
+        tmp_path, "--config", str(ROOT / "configs/debug_model.toml"), "--world-size", "2",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+    )  # fmt: skip
+    by_phase = report["rank_classes"][0]["step_time"]["compute_seconds_by_phase"]
+    assert by_phase.get("backward", 0.0) > by_phase["forward"], by_phase
+
+
 PIPELINES = [  # 4 pipeline ranks: ranks 1 and 2 hold alike stages
     pytest.param("1F1B", "debug", id="1f1b"),  # 4 stages: 1, 2, 2, 1 blocks (embedding and head count one)
     pytest.param("Interleaved1F1B", "tiny8", id="interleaved", marks=pytest.mark.slow),  # 8 stages, 2 per rank

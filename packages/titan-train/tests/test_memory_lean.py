@@ -71,8 +71,8 @@ def test_chunked_loss_and_auto_ac_train_like_the_plain_run(tmp_path, caplog):
 
 
 def test_auto_loss_chunk_follows_the_micro_batch_and_the_head():
-    """ "auto" (the default): the tiny model (dim 64, vocabulary 2048) chunks 4 x 64 tokens in 256 (32 chunks
-    would be 8 tokens each: the floor); 64 tokens per micro-batch are no more than dim: the plain loss."""
+    """ "auto" (the default): the tiny model (dim 64, vocabulary 2048) chunks 4 x 64 tokens in 256 (dim / 2 is
+    under the floor), at any micro-batch size; 64 tokens per micro-batch are no more than dim: the plain loss."""
 
     def chunk(*options: str, world: int = 1) -> int:
         return resolve_layout(
@@ -84,7 +84,7 @@ def test_auto_loss_chunk_follows_the_micro_batch_and_the_head():
     pipeline = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"]
     assert chunk(*pipeline, world=2) == 0  # a pipeline micro-batch of one sequence
     assert chunk(*pipeline, "--parallelism.pipeline_parallel_microbatch_size", "2", world=2) == 256
-    assert chunk("--training.local_batch_size", "64", "--training.seq_len", "512") == 1024  # 32 chunks
+    assert chunk("--training.local_batch_size", "64", "--training.seq_len", "512") == 256  # 128 chunks
     assert chunk("--training.local_batch_size", "4", "--training.loss_chunk_tokens", "96") == 96
     assert chunk("--model.name", "hyena", "--training.local_batch_size", "4") == 0  # no declared head
     layout = resolve_layout(cli("--training.loss_chunk_gradients", "recompute"), 1)

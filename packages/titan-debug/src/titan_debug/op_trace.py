@@ -117,7 +117,7 @@ class OpTrace(TorchDispatchMode):
         # c10d's in-place collectives write their buffer arguments (and may return only a Work).
         written = [t for k in _WRITTEN_ARGUMENTS for t in tree_leaves(bound.get(k)) if isinstance(t, torch.Tensor)]
         reads, writes = self._storage_keys(inputs), self._storage_keys(outputs + written)
-        floating = next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
+        floating = _operand_dtype(bound, inputs)
         cost = self.costs.get(str(func._overloadpacket))
         if cost is not None:
             flops, collective = cost(bound)
@@ -146,6 +146,16 @@ class OpTrace(TorchDispatchMode):
 
 
 _WRITTEN_ARGUMENTS = ("output_tensor", "output", "tensors", "output_tensors")
+
+
+def _operand_dtype(bound: dict, inputs: list[torch.Tensor]) -> torch.dtype | None:
+    """What the matmul units run in: a matmul's multiplied operands' dtype (`addmm`'s added `self` may be
+    float32 where they are bf16: `out_dtype` accumulation), else the first floating-point input's."""
+    for name in ("mat1", "batch1"):
+        operand = bound.get(name)
+        if isinstance(operand, torch.Tensor):
+            return operand.dtype
+    return next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
 
 
 def _bind(func, args, kwargs) -> dict:

@@ -18,7 +18,7 @@ from titan_float8.fsdp import precompute_float8_scales
 from titan_float8.requirements import MIN_TORCHAO, require_torchao
 from titan_float8.tensor_parallel import float8_tp_plan, float8_tp_styles
 
-__version__ = "0.6.1"
+__version__ = "0.7.0"
 
 __all__ = [
     "MIN_TORCHAO",

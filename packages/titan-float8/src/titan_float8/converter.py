@@ -19,8 +19,11 @@ from titan_float8.tensor_parallel import float8_tp_plan
 
 
 class Float8Converter:
-    def __init__(self, options: Float8Options):
+    def __init__(self, options: Float8Options, collectives_device_type: str | None = None):
+        """`collectives_device_type`: whose collectives the TP plan is chosen for ("cuda" in a dry run on a
+        CPU, which simulates them); None: the TP mesh's."""
         self.options = options
+        self.collectives_device_type = collectives_device_type
         self.precompute_scales = options.enable and options.precompute_float8_dynamic_scale_for_fsdp
 
     def convert(self, model: nn.Module) -> None:
@@ -31,7 +34,7 @@ class Float8Converter:
             return plan
         # For titan-parallel's async TP styles, should the plan get them (the converter is not told).
         offer_async_tp_matmuls(model)
-        return float8_tp_plan(plan, model, tp_mesh)
+        return float8_tp_plan(plan, model, tp_mesh, self.collectives_device_type)
 
     def after_optimizer_step(self, parts: list[nn.Module]) -> None:
         if not self.precompute_scales:

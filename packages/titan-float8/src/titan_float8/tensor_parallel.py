@@ -14,7 +14,8 @@ embeddings, norms, and rowwise-recipe layers (torchao's float8 TP styles scale t
 Float8Linear under plain styles still computes in float8, with high-precision collectives).
 
 Plain styles also work for tensorwise Float8Linear (float8 matmuls, high-precision collectives); that is
-what gloo needs: it has no float8 dtype, so `float8_tp_plan` keeps the plain plan on a CPU mesh.
+what gloo needs: it has no float8 dtype, so `float8_tp_plan` keeps the plain plan on a CPU mesh, unless
+told the collectives are a GPU's (a dry run on a CPU, which simulates them on a fake process group).
 """
 
 from __future__ import annotations
@@ -53,15 +54,20 @@ def float8_tp_styles() -> Float8TPStyles:
 
 
 def float8_tp_plan(
-    plan: dict[str, ParallelStyle], model: nn.Module, mesh: DeviceMesh | None = None
+    plan: dict[str, ParallelStyle],
+    model: nn.Module,
+    mesh: DeviceMesh | None = None,
+    collectives_device_type: str | None = None,
 ) -> dict[str, ParallelStyle]:
     """`plan` with float8 styles for the layers of `model` that convert_to_float8 converted (tensorwise).
 
     `model` is the converted model the plan will be applied to; keys are parallelize_module patterns ("*"
     matches one name). When an entry's pattern matches float8 and high-precision modules alike, it is split
-    into one entry per module. With `mesh` on CPU (gloo: no float8 collectives), returns the plan unchanged.
+    into one entry per module. Where the collectives run on CPU (gloo: no float8 collectives), returns the
+    plan unchanged: `collectives_device_type`, else `mesh`'s (a dry run on a CPU passes "cuda": it simulates
+    the collectives a CUDA run would make).
     """
-    if mesh is not None and mesh.device_type == "cpu":
+    if (collectives_device_type or (mesh.device_type if mesh is not None else None)) == "cpu":
         logger.info("float8: TP on CPU (gloo has no float8 dtype) keeps high-precision collectives")
         return dict(plan)
     styles = float8_tp_styles()

@@ -20,6 +20,9 @@ class RunEnv:
     local_rank: int
     world_size: int
     device: torch.device
+    modelled_device_type: str | None = None
+    """The device type a dry run models where it differs from `device`'s ("cuda" on a CPU): choices made by
+    backend (float8 TP collectives) follow it, as async TP's do."""
 
 
 def world_size_from_env() -> int:

@@ -74,9 +74,10 @@ class Trainer:
         self.replicas = build_replica_groups(config.fault_tolerance, env)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
+        float8 = Float8Converter(config.float8, env.modelled_device_type)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
-            env.device, loss_fn=cross_entropy, seed=t.seed, converter=Float8Converter(config.float8),
+            env.device, loss_fn=cross_entropy, seed=t.seed, converter=float8,
             token_kwargs=document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id),
         )  # fmt: skip
         if logger.isEnabledFor(logging.DEBUG):

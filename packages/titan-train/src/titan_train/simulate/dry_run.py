@@ -127,10 +127,6 @@ def simulated_config(config: JobConfig) -> tuple[JobConfig, list[str]]:
         config = _eager(config)
     if config.float8.enable:
         unmodelled.append("Float8: the casts' temporaries follow torchao's eager ops, not the fused GPU kernels")
-        if config.parallelism.tensor_parallel_degree > 1:
-            unmodelled.append(
-                "Float8 TP: on the simulated (CPU) mesh TP collectives stay in high precision; a GPU run sends float8"
-            )
     unmodelled += async_tp_notes
     if config.parallelism.pipeline_parallel_degree > 1:
         unmodelled.append("pipeline P2P: NCCL's send/recv staging buffers")
@@ -184,7 +180,13 @@ def simulate(
     its last step's predicted time (`timing`: by default on DEFAULT_DEVICE, eager)."""
     layout = resolve_layout(config, world_size)
     pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
-    env = RunEnv(rank=rank_class.representative, local_rank=0, world_size=world_size, device=torch.device("cpu"))
+    env = RunEnv(
+        rank=rank_class.representative,
+        local_rank=0,
+        world_size=world_size,
+        device=torch.device("cpu"),
+        modelled_device_type="cuda",
+    )
     trace = OpTrace(costs=OPAQUE_OP_COSTS)
     timing = timing or StepTimeSetting(get_device(DEFAULT_DEVICE))
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
 from titan_debug.alloc_trace import AllocationTracker
@@ -89,9 +88,9 @@ class _PhaseLabels(TorchFunctionMode):
             setattr(owner, name, self._labelled(getattr(owner, name), phase))
 
     def _after_forward(self, output, prefix: str, is_last: bool) -> None:
-        tensor = output.to_local() if isinstance(output, DTensor) else output
-        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-            tensor.register_hook(lambda grad: self.switch(prefix + "backward"))
+        # On the output itself: a DTensor's local view (to_local) is a new node that backward never reaches.
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: self.switch(prefix + "backward"))
         if is_last:
             self.switch(prefix + "loss")
 
