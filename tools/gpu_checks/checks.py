@@ -60,9 +60,10 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "throughput_1b",
         "tokens/s and MFU of the 1B model: bf16 eager, compiled, compiled + Float8 (the paper's Table 1 "
-        "direction: each should be faster than the one before)",
+        "direction: each should be faster than the one before); the default chunked loss against the plain "
+        "loss, compiled (tokens/s and peak ratios)",
         "gpu_checks.training:throughput_1b",
-        150,
+        180,
         float8="the Float8 variant needs sm90 (H100+) and is skipped below",
     ),
     Check(

@@ -30,6 +30,7 @@ ONE_B_CUDA = ["--model.flavor", "1B", "--training.steps", "12", "--training.loca
               "--training.seq_len", "2048", *BF16, *SELECTIVE_AC]  # fmt: skip
 ONE_B_CPU = ["--model.flavor", "tiny", "--training.steps", "8", "--training.local_batch_size", "4",
              "--training.seq_len", "64", *SELECTIVE_AC, "--compile.backend", "aot_eager"]  # fmt: skip
+PLAIN_LOSS = ["--training.loss_chunk_tokens", "0"]
 THROUGHPUT_VARIANTS = {"eager": [], "compiled": COMPILE, "compiled_float8": [*COMPILE, *FLOAT8]}
 
 
@@ -117,11 +118,21 @@ def throughput_1b(ctx: Context) -> None:
     elif not float8_is_real():
         del variants["compiled_float8"]
         ctx.note("compiled_float8 skipped: float8 matmuls need sm90 (H100+)")
-    tps = {}
+    tps, peaks = {}, {}
     for name, extra in variants.items():
         rows = train(ctx, name, [*base, *extra])
-        tps[name] = steady(rows, "tps")
+        tps[name], peaks[name] = steady(rows, "tps"), max(r.get("memory") or 0.0 for r in rows)
         ctx.record(**{f"tokens_per_s_{name}": tps[name], f"mfu_{name}": steady(rows, "mfu")}, **speedups(tps))
+    # The default loss (chunked, gradients in forward) against the plain loss, compiled: the memory-lean loss
+    # should cost no throughput (tools/bench_loss.py measures more variants).
+    rows = train(ctx, "compiled_plain_loss", [*base, *COMPILE, *PLAIN_LOSS])
+    plain_tps, plain_peak = steady(rows, "tps"), max(r.get("memory") or 0.0 for r in rows)
+    figures = speedups(tps)
+    figures["headline"] += f"; default loss / plain loss {tps['compiled'] / plain_tps:.2f}x tok/s"
+    ctx.record(
+        tokens_per_s_compiled_plain_loss=plain_tps, chunked_loss_vs_plain_tokens=tps["compiled"] / plain_tps,
+        chunked_loss_vs_plain_peak=peaks["compiled"] / plain_peak if plain_peak else None, **figures,
+    )  # fmt: skip
 
 
 def speedups(tps: dict[str, float]) -> dict:

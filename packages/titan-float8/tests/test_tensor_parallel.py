@@ -90,6 +90,13 @@ def test_a_cpu_mesh_keeps_the_plain_plan(one_rank_mesh):
     assert style_types(plan) == style_types(toy.tp_plan())
 
 
+def test_a_cpu_mesh_modelling_cuda_collectives_gets_the_float8_plan(one_rank_mesh):
+    """A dry run on a CPU says whose collectives it simulates: the float8 styles, as without a mesh."""
+    model = converted()
+    plan = float8_tp_plan(toy.tp_plan(), model, one_rank_mesh, collectives_device_type="cuda")
+    assert style_types(plan) == style_types(float8_tp_plan(toy.tp_plan(), model)) != style_types(toy.tp_plan())
+
+
 def test_float8_styles_train_like_one_process(one_rank_mesh):
     # On one rank the collectives are no-ops, but the styles' float8 casts of inputs and gradients run.
     data = toy.batches(3)
