@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_checks package beside this file
+from gpu_checks import ROOT  # noqa: E402
+from gpu_checks.training import peak_memory, read_metrics, steady  # noqa: E402  (tokens/s as the GPU check reads it)
+
 RECIPE = ROOT / "configs" / "debug_model.toml"
-WARMUP_STEPS = 3
 VARIANTS = {
     "plain": ["--training.loss_chunk_tokens", "0"],
     "in_forward": ["--training.loss_chunk_gradients", "in_forward"],
@@ -42,11 +43,7 @@ def train(folder: Path, overrides: list[str]) -> list[dict]:
     (folder.parent / f"{folder.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         sys.exit(f"{folder.name}: titan-train exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def steady(rows: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rows[WARMUP_STEPS:] or rows)
+    return read_metrics(folder)
 
 
 def kernel_summary(trace_folder: Path, top: int) -> tuple[list[tuple[str, float]], float, float]:
@@ -54,14 +51,23 @@ def kernel_summary(trace_folder: Path, top: int) -> tuple[list[tuple[str, float]
     trace = json.loads(next(trace_folder.rglob("*trace.json")).read_text())
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    if not kernels:  # CPU: the ops called from Python, not their children
-        kernels = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")]
+    if not kernels:  # CPU: the outermost aten ops of each thread (an op's children are inside its time)
+        kernels = _outermost([e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")])
     by_name = Counter()
     for e in kernels:
         by_name[e["name"][:90]] += e["dur"] / 1000
     steps = [e for e in events if e["name"].startswith("ProfilerStep")]
     wall = sum(e["dur"] for e in steps) / 1000 if steps else float("nan")
     return by_name.most_common(top), sum(by_name.values()), wall
+
+
+def _outermost(events: list[dict]) -> list[dict]:
+    kept, ends = [], {}  # thread -> where the last kept event ends
+    for e in sorted(events, key=lambda e: (e["tid"], e["ts"], -e["dur"])):
+        if e["ts"] >= ends.get(e["tid"], float("-inf")):
+            kept.append(e)
+            ends[e["tid"]] = e["ts"] + e["dur"]
+    return kept
 
 
 def main() -> None:
@@ -93,7 +99,7 @@ def main() -> None:
             for variant in args.variants:
                 rows = train(work / f"{mode}_{variant}_{round_}", [*base, *MODES[mode], *VARIANTS[variant]])
                 tps.setdefault((mode, variant), []).append(steady(rows, "tps"))
-                memory[(mode, variant)] = max(r.get("memory") or 0.0 for r in rows)
+                memory[(mode, variant)] = peak_memory(rows)
                 losses = " ".join(f"{r['loss']:.4f}" for r in rows[-3:])
                 print(f"  {mode:8s} {variant:10s} round {round_}: {tps[(mode, variant)][-1]:,.0f} tok/s, "
                       f"last losses {losses}", flush=True)  # fmt: skip

@@ -66,6 +66,11 @@ def steady(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def peak_memory(rows: list[dict]) -> float:
+    """The largest `memory` (GiB: max allocated on CUDA) any step logged; 0 where none did."""
+    return max(r.get("memory") or 0.0 for r in rows)
+
+
 def loss_trend(rows: list[dict]) -> tuple[float, float, bool]:
     losses = [r["loss"] for r in rows]
     first, last = statistics.fmean(losses[:3]), statistics.fmean(losses[-3:])
@@ -97,7 +102,7 @@ def train_debug(ctx: Context) -> None:
     rows = train(ctx, "debug", overrides)
     first, last, falls = loss_trend(rows)
     tps, mfu, peak = steady(rows, "tps"), steady(rows, "mfu"), peak_tflops() if ctx.cuda else None
-    memory = max(r.get("memory") or 0.0 for r in rows)
+    memory = peak_memory(rows)
     ctx.record(
         steps=len(rows), loss_first3=first, loss_last3=last, loss_falls=falls, tokens_per_s=tps, mfu=mfu,
         peak_tflops_bf16=peak, peak_memory_gib=memory, float8=float8, overrides=" ".join(overrides),
@@ -121,12 +126,12 @@ def throughput_1b(ctx: Context) -> None:
     tps, peaks = {}, {}
     for name, extra in variants.items():
         rows = train(ctx, name, [*base, *extra])
-        tps[name], peaks[name] = steady(rows, "tps"), max(r.get("memory") or 0.0 for r in rows)
+        tps[name], peaks[name] = steady(rows, "tps"), peak_memory(rows)
         ctx.record(**{f"tokens_per_s_{name}": tps[name], f"mfu_{name}": steady(rows, "mfu")}, **speedups(tps))
     # The default loss (chunked, gradients in forward) against the plain loss, compiled: the memory-lean loss
     # should cost no throughput (tools/bench_loss.py measures more variants).
     rows = train(ctx, "compiled_plain_loss", [*base, *COMPILE, *PLAIN_LOSS])
-    plain_tps, plain_peak = steady(rows, "tps"), max(r.get("memory") or 0.0 for r in rows)
+    plain_tps, plain_peak = steady(rows, "tps"), peak_memory(rows)
     figures = speedups(tps)
     figures["headline"] += f"; default loss / plain loss {tps['compiled'] / plain_tps:.2f}x tok/s"
     ctx.record(

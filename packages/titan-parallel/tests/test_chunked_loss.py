@@ -239,7 +239,9 @@ def test_weight_gradient_added_in_float32_by_one_matmul_where_torch_has_it():
     vocab, dim, tokens, chunk = 512, 48, 256, 64
 
     class WeightSizedOps(TorchDispatchMode):
-        ops: list = []
+        def __init__(self):
+            super().__init__()
+            self.ops = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
