@@ -31,6 +31,8 @@ options:
   --no-cache            simulate again what <dump_folder>/plan_cache holds
   --exhaustive          dry-run every layout the memory bound leaves, in each family up to the first lever that
                         fits (no time budget, no memory estimate): slow, exact
+  --full-depth          dry-run every layout at the model's full depth (default: a deep model's layouts at 2 and
+                        4 blocks per stage, extrapolated per block, the first choice confirmed at full depth)
 """
 for flag in ("--gpu NAME", "--gpu-override KEY=VALUE", "--device-memory-gib G"):
     USAGE += f"  {flag:<22}{DRY_RUN_HELP[flag].removeprefix('with --dry-run: ')}\n"
@@ -66,8 +68,8 @@ def main(argv: list[str]) -> int:
     budget_minutes = _take(argv, "--budget-minutes", float, None)
     jobs = _take(argv, "--jobs", int, os.cpu_count() or 1)
     top = _take(argv, "--top", int, 10)
-    use_cache, exhaustive = "--no-cache" not in argv, "--exhaustive" in argv
-    argv = [a for a in argv if a not in ("--no-cache", "--exhaustive")]
+    use_cache, exhaustive, full_depth = "--no-cache" not in argv, "--exhaustive" in argv, "--full-depth" in argv
+    argv = [a for a in argv if a not in ("--no-cache", "--exhaustive", "--full-depth")]
     if gpus is None:
         raise UsageError("plan: --gpus N is required (the number of GPUs to plan for)")
     dry, argv = split_dry_run_options(argv)
@@ -91,6 +93,7 @@ def main(argv: list[str]) -> int:
         jobs=jobs,
         cache_folder=folder / "plan_cache" if use_cache else None,
         exhaustive=exhaustive,
+        full_depth=full_depth,
     )
     start = time.perf_counter()
     outcomes = Planner(config, settings).plan()

@@ -1,6 +1,6 @@
 """The model's arguments as a run of a config builds it: the flavor's, with `max_seq_len` raised to
-`training.seq_len` (rotary tables and positions must cover every position trained on) and the [moe] choices
-applied. The trainer, the generator (which rebuilds the model it trained) and the tools all take them from
+`training.seq_len` (rotary tables and positions must cover every position trained on), `model.n_layers` and the
+[moe] choices applied. The trainer, the generator (which rebuilds the model it trained) and the tools all take them from
 here."""
 
 import dataclasses
@@ -13,7 +13,13 @@ from titan_train.config.sections import JobConfig
 def model_args(config: JobConfig):
     args = get_model_spec(config.model.name).args_for(config.model.flavor)
     args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
-    return _with_moe_choices(args, config)
+    return _with_moe_choices(_with_depth(args, config.model.n_layers), config)
+
+
+def _with_depth(args, n_layers: int):
+    if n_layers < 0:
+        raise ConfigError(f"model.n_layers={n_layers}: must be >= 1, or 0 for the flavor's ({args.n_layers})")
+    return dataclasses.replace(args, n_layers=n_layers) if n_layers else args
 
 
 def _with_moe_choices(args, config: JobConfig):

@@ -31,6 +31,7 @@ from titan_parallel import (
     symmetric_memory_unavailable,
 )
 from titan_train.config.loader import ConfigError
+from titan_train.config.model_args import model_args
 from titan_train.config.sections import JobConfig
 
 logger = logging.getLogger("titan")
@@ -77,7 +78,7 @@ def tokens_per_step(config: JobConfig, layout: Layout) -> int:
 def _resolve(config: JobConfig, world_size: int) -> Layout:
     p, t = config.parallelism, config.training
     spec = get_model_spec(config.model.name)
-    args = spec.args_for(config.model.flavor)
+    args = model_args(config)
     plan = spec.plan(args)
     # First what the config must satisfy on any number of processes.
     _check_model_fit(config, plan)

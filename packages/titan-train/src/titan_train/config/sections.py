@@ -32,6 +32,9 @@ class Model:
     405B; qwen3: tiny, debug, 0.6B, 1.7B, 4B, 8B, 14B, 32B; qwen3_moe: tiny, tiny-sparse2, debug, 30B-A3B,
     235B-A22B; or, for those three, hf:<folder> for the shape in a Hugging Face folder's config.json; hyena:
     tiny, debug, debug_long, 125M)."""
+    n_layers: int = 0
+    """Blocks of the model; 0: the flavor's. A smaller number builds the flavor's width with fewer blocks (a quick
+    run at the real width; `titan-train plan` dry-runs deep models so and extrapolates per block)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
     attention_mask: Literal["causal", "block_causal"] = "causal"

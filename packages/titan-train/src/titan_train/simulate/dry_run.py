@@ -200,9 +200,7 @@ def simulate(
     except SimulatedOutOfMemory as error:
         reserved, out_of_memory = replay(tracker.events, expandable_segments=expandable_segments), str(error)
     activations = sum(n for phase, n in by_phase.items() if phase.endswith(("forward", "loss")))
-    spec = get_model_spec(config.model.name)
-    flops = spec.flops_per_token(trainer.model_args, config.training.seq_len) * tokens_per_step(config, layout)
-    flops //= world_size
+    flops = flops_per_gpu(config, layout)
     timed, pipeline = time_rank(
         trace.ops, timing, overlapped, trainer, layout, rank_class.representative, pipeline_hidden
     )
@@ -224,6 +222,12 @@ def simulate(
         "flops_per_step": flops,
         **timed_figures(timed, pipeline, tokens_per_step(config, layout) / world_size, flops, timing.gpu),
     }
+
+
+def flops_per_gpu(config: JobConfig, layout: Layout) -> int:
+    """The model's training FLOPs of one step, per GPU (MFU's numerator)."""
+    per_token = get_model_spec(config.model.name).flops_per_token(model_args(config), config.training.seq_len)
+    return per_token * tokens_per_step(config, layout) // layout.dims.world_size
 
 
 def _simulate_reporting_errors(

@@ -21,7 +21,7 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
     lines = [
         f"# plan: {settings.gpus} x {settings.gpu.name} ({settings.device_memory_gib:g} GiB); the fastest "
         f"{min(top, len(best))} of {len(best)} layouts that fit (predicted by the dry run)",
-        f"{COLUMNS[0]:>3}   {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>13}  {COLUMNS[5]:>24}  "
+        f"{COLUMNS[0]:>3}    {COLUMNS[1]:>12}  {COLUMNS[2]:>6}  {COLUMNS[3]:>9}  {COLUMNS[4]:>13}  {COLUMNS[5]:>24}  "
         f"{COLUMNS[6]}",
     ]
     rows = best[:top] + ([given] if given in best[top:] else [])
@@ -33,6 +33,12 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
     elif best:
         gain = best[0].tokens_per_second_per_gpu / given.tokens_per_second_per_gpu - 1
         lines.append(f"# the first choice is predicted {gain:+.1%} against the recipe's own layout (*)")
+    if any(o.depths for o in rows):
+        depths = next(o.depths for o in rows if o.depths)
+        lines.append(
+            f"# (~) extrapolated per block from dry runs at {' and '.join(map(str, depths))} blocks "
+            "(shallow_depth.py); the others at full depth"
+        )
     if any(o.refused_here for o in rows):
         refusal = next(o.refused_here for o in rows if o.refused_here)
         lines.append(f"# (!) modelled eager: {refusal}")
@@ -44,9 +50,9 @@ def format_table(outcomes: list[Outcome], settings: PlanSettings, top: int) -> s
 def _row(place: int, o: Outcome) -> str:
     shares = "/".join(f"{o.breakdown[k]:.0%}" for k in ("compute", "communication", "bubble", "host"))
     bound_by = max(o.breakdown, key=o.breakdown.get)
-    mark = ("*" if o.is_input else "") + ("!" if o.refused_here else "")
+    mark = ("*" if o.is_input else "") + ("!" if o.refused_here else "") + ("~" if o.depths else "")
     return (
-        f"{place:>3}{mark:<2} {o.tokens_per_second_per_gpu:>12,.0f}  {o.mfu:>6.1%}  {o.memory_gib:>5.2f} GiB  "
+        f"{place:>3}{mark:<3} {o.tokens_per_second_per_gpu:>12,.0f}  {o.mfu:>6.1%}  {o.memory_gib:>5.2f} GiB  "
         f"{bound_by:>13}  {shares:>24}  {o.candidate.describe()}"
     )
 

@@ -11,6 +11,10 @@
    cached on disk.
 4. Rank what fits by predicted tokens/s per GPU.
 
+A deep model's layouts are dry-run at two shallow depths and extrapolated per block (shallow_depth.py), except
+"auto" checkpointing (not simulated then) and the recipe's own layout; the first choice is then dry-run at
+full depth to confirm it, and the next in line where it no longer fits, as the budget allows.
+
 Within the time budget this equals a dry run of every layout that survives step 1 (the tests check it on a
 small case); past it, the families not reached are listed as such, in the order they would have come.
 """
@@ -25,6 +29,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from titan_debug.devices import DeviceSpec
@@ -52,6 +57,7 @@ from titan_train.simulate.plan_space import (
     candidate_of,
     enumerate_candidates,
 )
+from titan_train.simulate.shallow_depth import SHALLOW_BLOCKS, reducible, simulate_shallow
 
 logger = logging.getLogger("titan")
 GIB = 1024**3
@@ -76,6 +82,9 @@ class PlanSettings:
     """Each simulated rank class's figures, by what determines them (None: no cache)."""
     exhaustive: bool = False
     """Dry-run every layout the bound and the levers' order leave (no time budget, no memory estimate)."""
+    full_depth: bool = False
+    """Dry-run every layout at its model's full depth (slower; "auto" checkpointing included), not deep models'
+    at two shallow depths extrapolated per block."""
 
 
 @dataclasses.dataclass
@@ -86,7 +95,8 @@ class Outcome:
     status: str
     """"fits", "over memory" (dry-run, or implied by a layout that holds no more), "memory bound" (pruned by the
     lower bound), "refused" (config checks), "lighter lever fits" (its family's first fitting lever comes
-    earlier in LEVERS), "not reached" (time budget)."""
+    earlier in LEVERS), "not reached" (time budget), "not simulated" ("auto" checkpointing of a model dry-run
+    shallow)."""
     detail: str = ""
     estimate_seconds: float = 0.0
     memory_gib: float | None = None
@@ -95,6 +105,10 @@ class Outcome:
     mfu: float | None = None
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
     is_input: bool = False
+    depths: list[int] = dataclasses.field(default_factory=list)
+    """The shallow depths its figures are extrapolated from (shallow_depth.py); empty: simulated at full depth."""
+    full_depth_seconds: float = 0.0
+    """With `depths`: about how long a dry run at full depth would take (time is affine in depth too)."""
     refused_here: str = ""
     """Why this torch refuses it as configured, where only torch.compile is in the way: the dry run models it
     eager (as `--dry-run` does), and it is ranked, marked, but never the written recipe."""
@@ -144,7 +158,28 @@ class Planner:
         )
         with ThreadPoolExecutor(s.jobs) as pool:
             list(pool.map(lambda _: self._climb_while_any(), range(s.jobs)))
+        self._confirm(outcomes)
         return outcomes
+
+    def _confirm(self, outcomes: list[Outcome]) -> None:
+        """Dry-run the first choice at full depth where it was extrapolated; where it no longer fits, the next."""
+        for outcome in ranked(outcomes):
+            if not outcome.depths:
+                return
+            elapsed = time.perf_counter() - self.start
+            if elapsed + outcome.full_depth_seconds > self.settings.budget_seconds:
+                logger.info(
+                    f"plan: the first choice stays extrapolated: its dry run at full depth (about "
+                    f"{outcome.full_depth_seconds:.0f} s) would end past the budget"
+                )
+                return
+            extrapolated = (
+                f"extrapolated {outcome.memory_gib:.1f} GiB, {outcome.tokens_per_second_per_gpu:,.0f} tokens/s"
+            )
+            self._dry_run(outcome, full_depth=True)
+            outcome.detail = f"confirmed at full depth ({extrapolated})"
+            if outcome.status == "fits":
+                return
 
     def _climb_while_any(self) -> None:
         while (family := self._next_family()) is not None:
@@ -269,7 +304,7 @@ class Planner:
                     return known
         return None
 
-    def _dry_run(self, outcome: Outcome, within_budget: bool = False) -> None:
+    def _dry_run(self, outcome: Outcome, within_budget: bool = False, full_depth: bool = False) -> None:
         s = self.settings
         config = outcome.candidate.apply(self.config, s.device_memory_gib)
         began = time.perf_counter()
@@ -278,20 +313,32 @@ class Planner:
         except ConfigError as error:
             outcome.status, outcome.detail = "refused", str(error)
             return
-        if within_budget and not self._time_left_for(len(job.classes)):
+        shallow = not (full_depth or s.full_depth or outcome.is_input) and reducible(job.config, job.layout)
+        if shallow and outcome.candidate.checkpoint == "auto":
+            outcome.status = "not simulated"
+            outcome.detail = (
+                "activation_checkpoint.mode='auto' chooses against the whole model's memory budget, so it is not "
+                "extrapolated from shallow dry runs (--full-depth simulates it)"
+            )
+            return
+        simulated_classes = len(job.classes) * (len(SHALLOW_BLOCKS) if shallow else 1)
+        if within_budget and not self._time_left_for(simulated_classes):
             outcome.status, outcome.detail = "not reached", f"the time budget ({s.budget_seconds:.0f} s) was spent"
             return
         outcome.refused_here = "; ".join(job.unsupported)  # modelled eager, as the dry run does
+        run = partial(simulate_cached, folder=s.cache_folder)
         try:
-            report = finish_report(
-                job, [simulate_cached(job, rc, self.settings.cache_folder) for rc in job.classes], 0.0
-            )
+            extrapolated = simulate_shallow(job, run) if shallow else None
+            entries = extrapolated.entries if extrapolated else [run(job, rc) for rc in job.classes]
+            report = finish_report(job, entries, 0.0)
         except RuntimeError as error:
             if AUTO_CHECKPOINT_OVER_BUDGET not in str(error):
                 raise
             outcome.status = "over memory"
             outcome.detail = "activation_checkpoint.mode='auto' finds no choice of blocks within the budget"
             return
+        outcome.depths = extrapolated.depths if extrapolated else []
+        outcome.full_depth_seconds = extrapolated.full_depth_seconds if extrapolated else 0.0
         classes = report["rank_classes"]
         slowest = max(classes, key=lambda e: e["step_time"]["step_seconds"])
         outcome.memory_gib = max(e["peak_reserved_gib"] for e in classes)
@@ -305,13 +352,17 @@ class Planner:
         self._learn(outcome.candidate, outcome.memory_gib)
         with self.lock:
             self.dry_runs += 1
-            self.class_seconds.append((time.perf_counter() - began) / len(job.classes))
+            self.class_seconds.append((time.perf_counter() - began) / simulated_classes)
             elapsed = time.perf_counter() - self.start
             logger.info(
                 f"plan: [{self.dry_runs} dry runs, {elapsed:.0f} s] {outcome.candidate.describe()}: "
                 f"{outcome.memory_gib:.1f} GiB, {outcome.tokens_per_second_per_gpu:,.0f} tokens/s per GPU"
-                f"{'' if not over else ' (over memory)'} ({time.perf_counter() - began:.0f} s)"
+                f"{'' if not over else ' (over memory)'}{_depth_note(outcome)} ({time.perf_counter() - began:.0f} s)"
             )
+
+
+def _depth_note(outcome: Outcome) -> str:
+    return f" (extrapolated from {' and '.join(map(str, outcome.depths))} blocks)" if outcome.depths else ""
 
 
 def simulate_cached(job: DryRunJob, rank_class, folder: Path | None) -> dict:

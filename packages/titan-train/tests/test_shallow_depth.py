@@ -1,0 +1,82 @@
+"""A deep model's layout dry-run at two shallow depths and extrapolated per block (simulate/shallow_depth.py),
+against the same layout's dry run at full depth; and the planner's use of it."""
+
+import pathlib
+
+import pytest
+
+from titan_debug.devices import get_device
+from titan_train.config import ConfigError, load_config, parse_argv
+from titan_train.config.model_args import model_args
+from titan_train.simulate.dry_run import finish_report, prepare_dry_run, simulate_class
+from titan_train.simulate.planner import Planner, PlanSettings, ranked
+from titan_train.simulate.shallow_depth import _extended, simulate_shallow
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+DEBUG = str(ROOT / "configs/debug_model.toml")
+GPU = get_device("h100-sxm-80gb")
+DEEP = ["--config", DEBUG, "--model.flavor", "tiny", "--model.n_layers", "12", "--training.local_batch_size", "4"]
+LAYOUTS = {
+    "fsdp 2": (["--parallelism.data_parallel_shard_degree", "2"], [2, 4]),
+    "tp 2": (["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"], [2, 4]),
+    "pp 2, 1F1B": (
+        ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
+         "--parallelism.pipeline_parallel_schedule", "1F1B"],
+        [4, 8],
+    ),
+}  # fmt: skip
+# Measured: the active peak, the step and each stage's seconds within 0.1%; the reserved peak is the active
+# plus the shallow runs' allocator slack, which differs from the full depth's by a few MiB.
+ACTIVE_TOLERANCE, STEP_TOLERANCE, RESERVED_TOLERANCE = 0.01, 0.02, 0.05
+
+
+def test_a_number_is_extended_along_its_line_and_the_rest_kept():
+    a = {"seconds": 1.0, "by_phase": {"forward": 2.0}, "op": "mm"}
+    b = {"seconds": 2.0, "by_phase": {"forward": 3.0}, "op": "addmm", "only_b": 9}
+    assert _extended(a, b, 2, 4, 10) == {"seconds": 5.0, "by_phase": {"forward": 6.0}, "op": "addmm", "only_b": 9}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_layout_extrapolated_from_two_shallow_depths_matches_its_dry_run_at_full_depth(layout):
+    args, depths = LAYOUTS[layout]
+    job = prepare_dry_run(load_config(parse_argv([*DEEP, *args])), 2, gpu=GPU)
+    shallow = simulate_shallow(job, simulate_class)
+    assert shallow is not None and shallow.depths == depths  # 2 and 4 blocks per stage
+    predicted = finish_report(job, shallow.entries, 0.0)
+    full = finish_report(job, [simulate_class(job, rank_class) for rank_class in job.classes], 0.0)
+    assert len(predicted["rank_classes"]) == len(full["rank_classes"]) == len(job.classes)
+    for got, want in zip(predicted["rank_classes"], full["rank_classes"], strict=True):
+        assert got["name"] == want["name"]
+        assert got["peak_active_gib"] == pytest.approx(want["peak_active_gib"], rel=ACTIVE_TOLERANCE)
+        assert got["peak_reserved_gib"] == pytest.approx(want["peak_reserved_gib"], rel=RESERVED_TOLERANCE)
+        for key in ("params_gib", "grads_gib", "optimizer_gib", "flops_per_step"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6), key  # exactly affine in blocks
+        assert got["step_time"]["step_seconds"] == pytest.approx(want["step_time"]["step_seconds"], rel=STEP_TOLERANCE)
+    for key in ("step_seconds", "tokens_per_second_per_gpu", "mfu"):
+        assert predicted["step_time"][key] == pytest.approx(full["step_time"][key], rel=STEP_TOLERANCE)
+
+
+def test_what_cannot_be_extrapolated_runs_at_full_depth():
+    auto = ["--activation_checkpoint.mode", "auto", "--activation_checkpoint.memory_budget_gib", "1"]
+    for extra in (auto, ["--model.n_layers", "6"]):
+        job = prepare_dry_run(load_config(parse_argv([*DEEP, *extra])), 2, gpu=GPU)
+        assert simulate_shallow(job, simulate_class) is None, extra  # auto: chosen for the whole depth; 6: no gain
+
+
+def test_a_bad_depth_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"model.n_layers=-1: must be >= 1, or 0 for the flavor's \(4\)"):
+        model_args(load_config(parse_argv(["--config", DEBUG, "--model.flavor", "tiny", "--model.n_layers", "-1"])))
+
+
+def test_the_planner_extrapolates_a_deep_model_and_confirms_its_first_choice_at_full_depth(tmp_path):
+    config = load_config(parse_argv(DEEP))
+    settings = PlanSettings(gpus=2, gpu=GPU, device_memory_gib=80.0, jobs=2, cache_folder=tmp_path / "cache")
+    outcomes = Planner(config, settings).plan()
+    simulated = [o for o in outcomes if o.tokens_per_second_per_gpu is not None]
+    best = ranked(outcomes)[0]
+    assert best.depths == [] and best.detail.startswith("confirmed at full depth (extrapolated ")
+    assert [o for o in simulated if o.depths == [2, 4]]  # the others were extrapolated
+    (given,) = [o for o in outcomes if o.is_input]
+    assert given.depths == []  # the recipe's own layout, the plan's reference, at full depth
+    auto = [o for o in outcomes if o.candidate.checkpoint == "auto"]
+    assert all(o.status in ("not simulated", "lighter lever fits") for o in auto)
