@@ -41,6 +41,17 @@ def traced(fn, *args):
     return [op for op in trace.ops if op.nbytes or op.flops or op.collective]
 
 
+def test_a_storage_keeps_its_own_key_while_freed_ones_make_room_for_new_ones():
+    # Each step writes a new tensor and frees the one before: CPython reuses the freed storage's id at once. A
+    # new storage must still get a key no live one holds, or the time model sees a dependency that is not there.
+    with OpTrace() as trace:
+        x = torch.ones(4)
+        for step in range(64):
+            x = x + step
+    written = [key for op in trace.ops for key, _ in op.writes]
+    assert len(written) == 65 and len(set(written)) == 65
+
+
 def test_a_bf16_matmul_is_timed_at_the_bf16_rate_or_by_its_bytes():
     a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16)
     (op,) = traced(torch.mm, a, b)

@@ -74,7 +74,7 @@ def test_the_planner_extrapolates_a_deep_model_and_confirms_its_first_choice_at_
     outcomes = Planner(config, settings).plan()
     simulated = [o for o in outcomes if o.tokens_per_second_per_gpu is not None]
     best = ranked(outcomes)[0]
-    assert best.depths == [] and best.detail.startswith("confirmed at full depth (extrapolated ")
+    assert best.depths == [] and best.detail.startswith("dry-run again at full depth (extrapolated: ")
     assert [o for o in simulated if o.depths == [2, 4]]  # the others were extrapolated
     (given,) = [o for o in outcomes if o.is_input]
     assert given.depths == []  # the recipe's own layout, the plan's reference, at full depth

@@ -45,7 +45,7 @@ from titan_debug.progress import Progress, ProgressLine
 from titan_debug.throughput import Throughput, ThroughputWindow
 from titan_debug.wandb_logger import WandbWriter
 
-__version__ = "0.13.1"
+__version__ = "0.13.2"
 
 __all__ = [
     "AllocEvent",

@@ -97,6 +97,7 @@ class OpTrace(TorchDispatchMode):
         self.costs = costs or {}
         self.ops: list[TracedOp] = []
         self._keys: dict[int, tuple[weakref.ref, int]] = {}
+        self._storages_seen = 0
 
     def clear(self) -> None:
         self.ops = []
@@ -139,7 +140,9 @@ class OpTrace(TorchDispatchMode):
                 continue
             ref, key = self._keys.get(id(storage), (None, None))
             if ref is None or ref() is not storage:  # a new storage, or a dead one's id reused
-                key = len(self._keys)
+                # A count of storages seen, not len(self._keys): a reused id replaces its entry, and the next
+                # new storage would get a key still in use.
+                key, self._storages_seen = self._storages_seen, self._storages_seen + 1
                 self._keys[id(storage)] = (weakref.ref(storage), key)
             keys.append((key, _nbytes(tensor)))
         return tuple(keys)

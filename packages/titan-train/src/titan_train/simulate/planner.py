@@ -136,7 +136,10 @@ class Planner:
         self.dry_runs = 0
         self.over_memory: list[Candidate] = []
         self.bytes_per_token: dict[tuple, float] = {}
-        self.class_seconds: list[float] = []
+        self.class_seconds: dict[bool, list[float]] = {False: [], True: []}
+        """Seconds each simulated rank class took, of full-depth (False) and shallow (True) dry runs."""
+        self.full_depth_classes = 1
+        """The most rank classes of a full-depth dry run so far."""
         self.lock = threading.RLock()
 
     def plan(self) -> list[Outcome]:
@@ -162,24 +165,23 @@ class Planner:
         return outcomes
 
     def _confirm(self, outcomes: list[Outcome]) -> None:
-        """Dry-run the first choice at full depth where it was extrapolated; where it no longer fits, the next."""
-        for outcome in ranked(outcomes):
-            if not outcome.depths:
-                return
-            elapsed = time.perf_counter() - self.start
-            if elapsed + outcome.full_depth_seconds > self.settings.budget_seconds:
-                logger.info(
-                    f"plan: the first choice stays extrapolated: its dry run at full depth (about "
-                    f"{outcome.full_depth_seconds:.0f} s) would end past the budget"
-                )
-                return
-            extrapolated = (
-                f"extrapolated {outcome.memory_gib:.1f} GiB, {outcome.tokens_per_second_per_gpu:,.0f} tokens/s"
-            )
-            self._dry_run(outcome, full_depth=True)
-            outcome.detail = f"confirmed at full depth ({extrapolated})"
-            if outcome.status == "fits":
-                return
+        """Dry-run the first choice at full depth where it was extrapolated, and where it no longer fits there the
+        next; likewise the first choice this torch runs as configured (the one written as a recipe)."""
+        for runnable_here in (False, True):
+            for outcome in ranked(outcomes, runnable_here):
+                if not outcome.depths:
+                    break
+                if time.perf_counter() - self.start + outcome.full_depth_seconds > self.settings.budget_seconds:
+                    logger.info(
+                        f"plan: {outcome.candidate.describe()} stays extrapolated: its dry run at full depth (about "
+                        f"{outcome.full_depth_seconds:.0f} s) would end past the budget"
+                    )
+                    return
+                before = f"{outcome.memory_gib:.1f} GiB, {outcome.tokens_per_second_per_gpu:,.0f} tokens/s"
+                self._dry_run(outcome, full_depth=True)
+                outcome.detail = f"dry-run again at full depth (extrapolated: {before})"
+                if outcome.status == "fits":
+                    break
 
     def _climb_while_any(self) -> None:
         while (family := self._next_family()) is not None:
@@ -264,14 +266,17 @@ class Planner:
             with self.lock:
                 self.over_memory.append(outcome.candidate)
 
-    def _time_left_for(self, classes: int) -> bool:
-        """Whether a dry run of `classes` rank classes, each as long as the longest class so far, ends within the
-        budget (the first always runs)."""
+    def _time_left_for(self, classes: int, shallow: bool) -> bool:
+        """Whether a dry run of `classes` rank classes, each as long as the longest class of that depth so far,
+        ends within the budget (the first always runs); a shallow one leaves time to confirm the first choice at
+        full depth (as long as the longest full-depth dry run so far)."""
         with self.lock:
-            if not self.class_seconds:
+            if not self.class_seconds[shallow]:
                 return True
-            longest = max(self.class_seconds)
-        return time.perf_counter() - self.start + longest * classes <= self.settings.budget_seconds
+            longest = max(self.class_seconds[shallow])
+            full = self.class_seconds[False]
+            reserve = max(full) * self.full_depth_classes if shallow and full else 0.0
+        return time.perf_counter() - self.start + longest * classes + reserve <= self.settings.budget_seconds
 
     def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
         """The estimated GiB of `c` where they are over the GPU's memory by `margin`, else None (also when
@@ -322,7 +327,7 @@ class Planner:
             )
             return
         simulated_classes = len(job.classes) * (len(SHALLOW_BLOCKS) if shallow else 1)
-        if within_budget and not self._time_left_for(simulated_classes):
+        if within_budget and not self._time_left_for(simulated_classes, shallow):
             outcome.status, outcome.detail = "not reached", f"the time budget ({s.budget_seconds:.0f} s) was spent"
             return
         outcome.refused_here = "; ".join(job.unsupported)  # modelled eager, as the dry run does
@@ -352,7 +357,9 @@ class Planner:
         self._learn(outcome.candidate, outcome.memory_gib)
         with self.lock:
             self.dry_runs += 1
-            self.class_seconds.append((time.perf_counter() - began) / simulated_classes)
+            self.class_seconds[shallow].append((time.perf_counter() - began) / simulated_classes)
+            if not shallow:
+                self.full_depth_classes = max(self.full_depth_classes, len(job.classes))
             elapsed = time.perf_counter() - self.start
             logger.info(
                 f"plan: [{self.dry_runs} dry runs, {elapsed:.0f} s] {outcome.candidate.describe()}: "

@@ -5,14 +5,18 @@ checkpointing, two steps), 73 s for its 80 blocks: too slow for a planner that c
 What a rank holds and does comes per block (its share of a block's parameters, gradients and optimizer state,
 a block's saved activations, its matmuls, FSDP's gathers and reductions, TP's collectives) or once (the
 embedding, the head and the loss, the optimizer's fixed work), so each figure is affine in the blocks a rank
-holds. The same layout is simulated with SHALLOW_BLOCKS blocks per pipeline stage (the mesh, the batch, the
-levers and the pipeline's stages unchanged), and each rank class's figures are extended along the line through
-the two to the blocks it holds at full depth; pipeline stages' forward and backward seconds by their own
-blocks, and the schedule is then replayed at full depth (pipeline_bubbles.py) as for a full dry run.
+holds. The same layout is simulated with SHALLOW_BLOCKS blocks per rank (the mesh, the batch, the levers and
+the pipeline's stages unchanged; a rank of a looped or V schedule shares them between its two stages), and
+each rank class's figures are extended along the line through the two to the blocks it holds at full depth;
+pipeline stages' forward and backward seconds by their own blocks, and the schedule is then replayed at full
+depth (pipeline_bubbles.py) as for a full dry run.
 
 The reserved peak is the extrapolated active peak plus the larger of the two shallow runs' allocator slack
-(reserved minus active): the slack is fragmentation, which does not grow per block. Measured against full dry
-runs (README "Layout planner"): step time and active peak within 0.3%, the reserved peak 1-3.5% under.
+(reserved minus active: fragmentation), which is not affine in depth: it may shrink between the shallow runs
+and grow again (70B: 6.1, 5.6, 5.4 GiB at 2, 4, 8 blocks, 6.3 at 80) or grow slowly (8B: 9.7, 10.0, 10.3 at 2,
+4, 8, 12.7 at 32); extending its line instead overshot a 405B pipeline by 7.8%. Against full dry runs of the
+paper's 8B, 70B and 405B recipes (README "Layout planner"): the active peak and tokens/s within 0.5%, the
+reserved peak -3.8% to +0.1%; so the planner dry-runs its first choice again at full depth.
 
 Simulated at full depth instead: models whose blocks differ (MoE layers with dense ones between them), a
 recipe's own pipeline split, and activation_checkpoint.mode = "auto", whose choice is made against the whole
@@ -24,14 +28,15 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from titan_models import get_model_spec
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import tokens_per_step
 from titan_train.simulate.dry_run import DryRunJob, flops_per_gpu, prepare_dry_run
 
 SHALLOW_BLOCKS = (2, 4)
-"""Blocks per pipeline stage (the whole model without pipelining) of the two shallow dry runs: two, not one,
-so that FSDP's prefetch of the next block and the first block's exposed gather are as at full depth."""
+"""Blocks per rank (the whole model without pipelining) of the two shallow dry runs: two, not one, so that
+FSDP's prefetch of the next block and the first block's exposed gather are as at full depth."""
 
 
 def reducible(config: JobConfig, layout) -> bool:
@@ -40,27 +45,35 @@ def reducible(config: JobConfig, layout) -> bool:
     moe = getattr(args, "moe", None)
     uniform = moe is None or (moe.sparse_step == 1 and not moe.dense_layers)
     own_split = p.pipeline_parallel_layers_per_stage or p.pipeline_parallel_stage_blocks
-    return uniform and not own_split and _stages(layout) * sum(SHALLOW_BLOCKS) < args.n_layers
+    return uniform and not own_split and sum(_depths(layout)) < args.n_layers
 
 
 def shallow_configs(job: DryRunJob) -> list[JobConfig] | None:
     """The configs of `job`'s two shallow dry runs, or None where it runs at full depth."""
     if job.config.activation_checkpoint.mode == "auto" or not reducible(job.config, job.layout):
         return None
-    return [_shallow(job.config, _stages(job.layout), per_stage) for per_stage in SHALLOW_BLOCKS]
+    stages = job.layout.pipeline.num_stages if job.layout.pipeline else 1
+    return [_shallow(job.config, stages, depth // stages) for depth in _depths(job.layout)]
 
 
-def _stages(layout) -> int:
-    return layout.pipeline.num_stages if layout.pipeline else 1
+def _depths(layout) -> list[int]:
+    """The two shallow depths: SHALLOW_BLOCKS per rank, shared by its stages."""
+    if layout.pipeline is None:
+        return list(SHALLOW_BLOCKS)
+    stages, per_rank = layout.pipeline.num_stages, layout.pipeline.num_stages // layout.pipeline.degree
+    return [stages * max(1, blocks // per_rank) for blocks in SHALLOW_BLOCKS]
 
 
 def _shallow(config: JobConfig, stages: int, per_stage: int) -> JobConfig:
-    model = dataclasses.replace(config.model, n_layers=stages * per_stage)
-    parallelism = config.parallelism
-    if stages > 1:  # an even split: every stage `per_stage` blocks (the automatic one favours the ends)
-        split = [" ".join(f"layers.{s * per_stage + i}" for i in range(per_stage)) for s in range(stages)]
-        parallelism = dataclasses.replace(parallelism, pipeline_parallel_stage_blocks=split)
-    return dataclasses.replace(config, model=model, parallelism=parallelism)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, n_layers=stages * per_stage))
+    if stages == 1:
+        return config
+    # An even split, every stage `per_stage` blocks (the automatic one gives the ends fewer).
+    blocks = get_model_spec(config.model.name).plan(model_args(config)).block_fqns
+    split = [" ".join(blocks[s * per_stage : (s + 1) * per_stage]) for s in range(stages)]
+    return dataclasses.replace(
+        config, parallelism=dataclasses.replace(config.parallelism, pipeline_parallel_stage_blocks=split)
+    )
 
 
 def extrapolated_entries(job: DryRunJob, shallow: list[tuple[DryRunJob, list[dict]]]) -> list[dict]:
@@ -77,6 +90,7 @@ def extrapolated_entries(job: DryRunJob, shallow: list[tuple[DryRunJob, list[dic
         entry.update(ranks=rank_class.ranks, name=rank_class.name, stages=list(rank_class.stages))
         slack = max(e["peak_reserved_gib"] - e["peak_active_gib"] for e in (a, b))
         entry["peak_reserved_gib"] = entry["peak_active_gib"] + slack
+        entry["segments"] = b["segments"]  # a count, not extended
         entry["out_of_memory"] = None  # the capacity check is the reserved peak's (finish_report's warnings)
         seconds = entry["step_time"]["step_seconds"]
         entry["flops_per_step"] = flops = flops_per_gpu(job.config, job.layout)
