@@ -15,7 +15,7 @@ from titan_train.simulate.shallow_depth import _extended, simulate_shallow
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs/debug_model.toml")
 GPU = get_device("h100-sxm-80gb")
-DEEP = ["--config", DEBUG, "--model.flavor", "tiny", "--model.n_layers", "12", "--training.local_batch_size", "4"]
+DEEP = ["--config", DEBUG, "--model.flavor", "tiny", "--model.n_layers", "16", "--training.local_batch_size", "4"]
 LAYOUTS = {
     "fsdp 2": (["--parallelism.data_parallel_shard_degree", "2"], [2, 4]),
     "tp 2": (["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"], [2, 4]),
