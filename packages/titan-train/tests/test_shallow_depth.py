@@ -10,7 +10,7 @@ from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
 from titan_train.simulate.dry_run import finish_report, prepare_dry_run, simulate_class
 from titan_train.simulate.planner import Planner, PlanSettings, ranked
-from titan_train.simulate.shallow_depth import _extended, simulate_shallow
+from titan_train.simulate.shallow_depth import _extended, _peak_from_phases, simulate_shallow
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs/debug_model.toml")
@@ -34,6 +34,17 @@ def test_a_number_is_extended_along_its_line_and_the_rest_kept():
     a = {"seconds": 1.0, "by_phase": {"forward": 2.0}, "op": "mm"}
     b = {"seconds": 2.0, "by_phase": {"forward": 3.0}, "op": "addmm", "only_b": 9}
     assert _extended(a, b, 2, 4, 10) == {"seconds": 5.0, "by_phase": {"forward": 6.0}, "op": "addmm", "only_b": 9}
+
+
+def test_the_peak_is_the_largest_phase_peak_at_full_depth_not_the_line_through_the_shallow_peaks():
+    # Shallow, the loss's logits outweigh the blocks' activations; at 16 blocks the backward's peak is higher.
+    a = {"peak_active_gib_by_phase": {"loss": 10.0, "backward": 8.0}, "peak_active_gib": 10.0, "peak_phase": "loss"}
+    b = {"peak_active_gib_by_phase": {"loss": 11.0, "backward": 10.0}, "peak_active_gib": 11.0, "peak_phase": "loss"}
+    b["peak_op"] = "aten.nll_loss_forward.default"
+    entry = _extended(a, b, 2, 4, 16)
+    assert entry["peak_active_gib"] == 17.0  # the line through the global peaks
+    _peak_from_phases(entry, b)
+    assert (entry["peak_active_gib"], entry["peak_phase"], entry["peak_op"]) == (22.0, "backward", "(extrapolated)")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -34,7 +34,7 @@ from titan_train.simulate.fake_runtime import fake_rank
 from titan_train.simulate.op_costs import OPAQUE_OP_COSTS
 from titan_train.simulate.pipeline_bubbles import add_pipeline_bubbles
 from titan_train.simulate.rank_classes import RankClass, rank_classes
-from titan_train.simulate.step_memory import measure_steps
+from titan_train.simulate.step_memory import measure_steps, peak_active_by_phase
 from titan_train.simulate.step_timing import (
     StepTimeSetting,
     overlapped_groups,
@@ -212,6 +212,7 @@ def simulate(
         "peak_reserved_gib": reserved.peak_reserved.bytes / GIB,
         "peak_op": peak.op,
         "peak_phase": peak.phase,
+        "peak_active_gib_by_phase": {phase: n / GIB for phase, n in peak_active_by_phase(tracker).items()},
         "reserved_peak_op": reserved.peak_reserved.op,
         "reserved_peak_phase": reserved.peak_reserved.phase,
         "segments": reserved.segments,

@@ -88,6 +88,7 @@ def extrapolated_entries(job: DryRunJob, shallow: list[tuple[DryRunJob, list[dic
         x = [_blocks_of(j, rank) for j in (near, far, job)]
         entry = _extended(a, b, *x)
         entry.update(ranks=rank_class.ranks, name=rank_class.name, stages=list(rank_class.stages))
+        _peak_from_phases(entry, b)
         slack = max(e["peak_reserved_gib"] - e["peak_active_gib"] for e in (a, b))
         entry["peak_reserved_gib"] = entry["peak_active_gib"] + slack
         entry["segments"] = b["segments"]  # a count, not extended
@@ -100,6 +101,16 @@ def extrapolated_entries(job: DryRunJob, shallow: list[tuple[DryRunJob, list[dic
             entry["pipeline_stage_seconds"] = _stage_seconds(job, near, far, a, b, rank)
         entries.append(entry)
     return entries
+
+
+def _peak_from_phases(entry: dict, b: dict) -> None:
+    """The active peak as the largest of the phases' extended peaks (in place): a step's peak is the largest of
+    its phases', each affine in the blocks, so their maximum is not: the line through two shallow peaks in the
+    loss (the logits outweigh two blocks' activations) would miss a full depth's in backward."""
+    phases = entry["peak_active_gib_by_phase"]
+    phase = max(phases, key=phases.get)
+    op = b["peak_op"] if b["peak_phase"] == phase else "(extrapolated)"
+    entry.update(peak_active_gib=phases[phase], peak_phase=phase, peak_op=op)
 
 
 def _entry_of(job: DryRunJob, entries: list[dict], rank: int) -> dict:

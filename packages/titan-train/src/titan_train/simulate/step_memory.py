@@ -118,3 +118,13 @@ def _fsdp_streams(tracker: AllocationTracker, device_type: str):
     prefetches implicitly (forward, pre-backward), and the reduce-scatter input, allocated before FSDP
     switches streams, from the current stream's pool; only its output is the reduce-scatter stream's."""
     return fsdp_comm_streams(device_type, tracker.stream)
+
+
+def peak_active_by_phase(tracker: AllocationTracker) -> dict[str, int]:
+    """The most bytes live during each phase: where in a step the global peak falls changes with the model's
+    depth (the loss's logits outweigh two blocks' activations, not eighty), each phase's peak grows per block."""
+    live, peaks = 0, {}
+    for event in tracker.events:
+        live += event.nbytes if event.action == "alloc" else -event.nbytes
+        peaks[event.phase] = max(peaks.get(event.phase, 0), live)
+    return peaks
