@@ -138,8 +138,9 @@ class Planner:
         self.bytes_per_token: dict[tuple, float] = {}
         self.class_seconds: dict[bool, list[float]] = {False: [], True: []}
         """Seconds each simulated rank class took, of full-depth (False) and shallow (True) dry runs."""
-        self.full_depth_classes = 1
-        """The most rank classes of a full-depth dry run so far."""
+        self.best: Outcome | None = None
+        """The fastest layout found to fit so far: where it is extrapolated, the time to confirm it at full depth
+        is kept free of other dry runs."""
         self.lock = threading.RLock()
 
     def plan(self) -> list[Outcome]:
@@ -268,14 +269,12 @@ class Planner:
 
     def _time_left_for(self, classes: int, shallow: bool) -> bool:
         """Whether a dry run of `classes` rank classes, each as long as the longest class of that depth so far,
-        ends within the budget (the first always runs); a shallow one leaves time to confirm the first choice at
-        full depth (as long as the longest full-depth dry run so far)."""
+        ends within the budget (the first always runs), leaving the time to confirm the best so far at full depth."""
         with self.lock:
             if not self.class_seconds[shallow]:
                 return True
             longest = max(self.class_seconds[shallow])
-            full = self.class_seconds[False]
-            reserve = max(full) * self.full_depth_classes if shallow and full else 0.0
+            reserve = self.best.full_depth_seconds if self.best is not None and self.best.depths else 0.0
         return time.perf_counter() - self.start + longest * classes + reserve <= self.settings.budget_seconds
 
     def _estimated_gib(self, c: Candidate, margin: float) -> float | None:
@@ -358,8 +357,9 @@ class Planner:
         with self.lock:
             self.dry_runs += 1
             self.class_seconds[shallow].append((time.perf_counter() - began) / simulated_classes)
-            if not shallow:
-                self.full_depth_classes = max(self.full_depth_classes, len(job.classes))
+            faster = self.best is None or outcome.tokens_per_second_per_gpu > self.best.tokens_per_second_per_gpu
+            if outcome.status == "fits" and faster:
+                self.best = outcome
             elapsed = time.perf_counter() - self.start
             logger.info(
                 f"plan: [{self.dry_runs} dry runs, {elapsed:.0f} s] {outcome.candidate.describe()}: "

@@ -11,12 +11,14 @@ each rank class's figures are extended along the line through the two to the blo
 pipeline stages' forward and backward seconds by their own blocks, and the schedule is then replayed at full
 depth (pipeline_bubbles.py) as for a full dry run.
 
-The reserved peak is the extrapolated active peak plus the larger of the two shallow runs' allocator slack
-(reserved minus active: fragmentation), which is not affine in depth: it may shrink between the shallow runs
-and grow again (70B: 6.1, 5.6, 5.4 GiB at 2, 4, 8 blocks, 6.3 at 80) or grow slowly (8B: 9.7, 10.0, 10.3 at 2,
-4, 8, 12.7 at 32); extending its line instead overshot a 405B pipeline by 7.8%. Against full dry runs of the
-paper's 8B, 70B and 405B recipes (README "Layout planner"): the active peak and tokens/s within 0.5%, the
-reserved peak -3.8% to +0.1%; so the planner dry-runs its first choice again at full depth.
+The active peak is the largest of the phases' extended peaks (`peak_active_gib_by_phase`): a step's peak is
+the largest of its phases', so not affine itself; shallow, the loss's logits may outweigh the blocks'
+activations and put the peak where it is not at full depth. The reserved peak adds the larger of the two
+shallow runs' allocator slack (reserved minus active: fragmentation), which is not affine in depth either: it
+may shrink between the shallow runs and grow again (70B: 6.1, 5.6, 5.4 GiB at 2, 4, 8 blocks, 6.3 at 80) or
+grow slowly (8B: 9.7, 10.0, 10.3 at 2, 4, 8, 12.7 at 32); extending its line instead overshot a 405B pipeline
+by 7.8%. Against full dry runs: README "Layout planner" (the reserved peak is the least exact figure, so the
+planner dry-runs its first choice again at full depth).
 
 Simulated at full depth instead: models whose blocks differ (MoE layers with dense ones between them), a
 recipe's own pipeline split, and activation_checkpoint.mode = "auto", whose choice is made against the whole
