@@ -161,4 +161,4 @@ def test_bad_plan_arguments_are_errors_before_any_work(args, message, capsys):
 def test_plan_help_names_its_options(capsys):
     assert cli.main(["plan", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--gpus N" in out and "--budget-minutes" in out and "--gpu NAME" in out
+    assert "--gpus N" in out and "--budget-minutes" in out and "--gpu NAME" in out and "--full-depth" in out

@@ -32,7 +32,7 @@ options:
   --exhaustive          dry-run every layout the memory bound leaves, in each family up to the first lever that
                         fits (no time budget, no memory estimate): slow, exact
   --full-depth          dry-run every layout at the model's full depth (default: a deep model's layouts at 2 and
-                        4 blocks per stage, extrapolated per block, the first choice confirmed at full depth)
+                        4 blocks per rank, extrapolated per block, the first choice dry-run again at full depth)
 """
 for flag in ("--gpu NAME", "--gpu-override KEY=VALUE", "--device-memory-gib G"):
     USAGE += f"  {flag:<22}{DRY_RUN_HELP[flag].removeprefix('with --dry-run: ')}\n"

@@ -1,7 +1,7 @@
 """The model's arguments as a run of a config builds it: the flavor's, with `max_seq_len` raised to
-`training.seq_len` (rotary tables and positions must cover every position trained on), `model.n_layers` and the
-[moe] choices applied. The trainer, the generator (which rebuilds the model it trained) and the tools all take them from
-here."""
+`training.seq_len` (rotary tables and positions must cover every position trained on), `model.n_layers` and
+the [moe] choices applied. The trainer, the generator (which rebuilds the model it trained) and the tools all
+take them from here."""
 
 import dataclasses
 
