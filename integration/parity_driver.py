@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from titan_parallel.model.applied_layout import clean_fqn
 from titan_train.config import load_config, parse_argv
 from titan_train.data import build_dataloader
+from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import init_distributed, shutdown_distributed
 from titan_train.run.trainer import Trainer
 
@@ -78,20 +79,9 @@ def _recorded_entries() -> list[dict]:
 
 
 def emulated_dp_batches(trainer: Trainer, world: int):
-    t = trainer.config.training
+    # Each emulated rank reads its rows of a global batch of world local batches: one micro-batch each.
     loaders = [
-        iter(
-            build_dataloader(
-                dataset=t.dataset,
-                dataset_path=t.dataset_path,
-                tokenizer=trainer.tokenizer,
-                seq_len=t.seq_len,
-                local_batch_size=t.local_batch_size,
-                dp_rank=k,
-                dp_world_size=world,
-                seed=t.seed,
-            )
-        )
+        iter(build_dataloader(**training_dataloader_args(trainer.config, trainer.tokenizer, k, world, 1)))
         for k in range(world)
     ]
     for k in itertools.cycle(range(world)):

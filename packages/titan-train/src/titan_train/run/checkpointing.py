@@ -1,6 +1,7 @@
 """The trainer's side of checkpointing: which states go into a checkpoint, where, and the seed checkpoint."""
 
 import dataclasses
+import logging
 import os
 
 from torch import nn
@@ -18,6 +19,8 @@ from titan_checkpoint.location import scheme
 from titan_parallel import ParallelDims
 from titan_train.config import ConfigError, JobConfig
 from titan_train.run.optim import LRSchedulers, Optimizers
+
+logger = logging.getLogger("titan")
 
 
 def resolve_folder(config: JobConfig, folder: str) -> str:
@@ -56,30 +59,59 @@ def model_meta(config: JobConfig, model_args) -> dict:
     }
 
 
-def build_checkpoint_manager(
-    config: JobConfig,
-    dims: ParallelDims,
-    model_args,
-    *,
+def run_states(
     model_parts: list[nn.Module],
     optimizer: Optimizers,
     lr_scheduler: LRSchedulers,
     dataloader: Stateful,
     train_state: Stateful,
-) -> CheckpointManager | None:
-    """The manager over a run's states; None when checkpointing is off. `model_args`: the model's, for the
-    fingerprint a resume is checked against; `train_state`: the step counter's owner."""
-    if not config.checkpoint.enable or config.checkpoint.create_seed_checkpoint:
-        return None
-    states = {
+) -> dict[str, Stateful]:
+    """This rank's states of a run, by the names a checkpoint stores them under: what a checkpoint saves and
+    what a restarted replica group copies from a live one. `train_state`: the step counter's owner."""
+    return {
         # One entry for all of this rank's pipeline stages: keys are the plain model's, whatever the layout.
         "model": ModelState(model_parts),
         "optimizer": OptimizerState(model_parts, optimizer.optimizers),
         "lr_scheduler": lr_scheduler,
-        # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
-        "dataloader": DataParallelState(dataloader, dims.local_rank("dp"), dims.dp),
+        "dataloader": dataloader,
         "train_state": train_state,
     }
+
+
+class NoCheckpoint:
+    """What the trainer holds when checkpointing is off: every call of CheckpointManager's that the loop makes,
+    doing nothing, so the loop reads the same either way."""
+
+    loaded_from = None
+
+    def load(self) -> bool:
+        return False
+
+    def save(self, step: int, last: bool = False) -> None:
+        pass
+
+    def wait_for_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def export(self, *args, **kwargs) -> None:
+        logger.warning(
+            "checkpoint.export_safetensors = true exports the last checkpoint, but checkpoint.enable = false: "
+            "nothing exported; set checkpoint.enable = true to export"
+        )
+
+
+def build_checkpoint_manager(
+    config: JobConfig, dims: ParallelDims, model_args, states: dict[str, Stateful]
+) -> CheckpointManager | NoCheckpoint:
+    """The manager over a run's `states` (run_states); a NoCheckpoint when checkpointing is off. `model_args`:
+    the model's, for the fingerprint a resume is checked against."""
+    if not config.checkpoint.enable or config.checkpoint.create_seed_checkpoint:
+        return NoCheckpoint()
+    # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
+    states = {**states, "dataloader": DataParallelState(states["dataloader"], dims.local_rank("dp"), dims.dp)}
     layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
     return CheckpointManager(
         resolve_folder(config, config.checkpoint.folder),

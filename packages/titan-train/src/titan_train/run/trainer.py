@@ -12,7 +12,6 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from titan_checkpoint import ModelState, OptimizerState
 from titan_debug import (
     MemorySnapshotter,
     Profiler,
@@ -32,7 +31,8 @@ from titan_train.config.parallel_layout import Layout, resolve_layout
 from titan_train.data import build_dataloader
 from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
-from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, write_seed_checkpoint
+from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, run_states, write_seed_checkpoint
+from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
 from titan_train.run.optim import LRSchedulers, Optimizers
@@ -87,20 +87,14 @@ class Trainer:
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
         self.step_count = 0
         self.routing = None  # the last step's RoutingReport (mixture of experts), for the step line
-        self.checkpoint = build_checkpoint_manager(
-            config, self.dims, self.model_args, model_parts=self.model_parts, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, dataloader=self.dataloader, train_state=self,
-        )  # fmt: skip
+        states = run_states(self.model_parts, self.optimizer, self.lr_scheduler, self.dataloader, train_state=self)
+        checkpoint = build_checkpoint_manager(config, self.dims, self.model_args, states)
         # Restores step_count too: the trainer is the "train_state".
-        if self.checkpoint is not None and self.checkpoint.load():
+        if checkpoint.load():
             logger.info(f"checkpoint: loaded step {self.step_count}; resuming")
-            log_resume(self.checkpoint.loaded_from, self.step_count, config.job.dump_folder, run)
-        if self.checkpoint is not None:
-            self.checkpoint = OneGroupSaves(self.checkpoint, self.replicas)
-        # What a restarted replica group copies from a live one: the checkpoint's states, this rank's own.
-        states = {"model": ModelState(self.model_parts), "lr_scheduler": self.lr_scheduler,
-                  "optimizer": OptimizerState(self.model_parts, self.optimizer.optimizers),
-                  "dataloader": self.dataloader, "train_state": self}  # fmt: skip
+            log_resume(checkpoint.loaded_from, self.step_count, config.job.dump_folder, run)
+        self.checkpoint = OneGroupSaves(checkpoint, self.replicas)
+        # What a restarted replica group copies from a live one: the same states, this rank's own.
         self.replicas.attach(states, self.step_count, self.model_parts, self.optimizer.optimizers)
         self.data_iter = None  # made at the first batch, after any state this rank loads
         self.throughput = Throughput()
@@ -113,24 +107,12 @@ class Trainer:
         self.data_iter = None  # the dataloader's state is loaded too: iterate from it
 
     def _build_dataloader(self):
-        t = self.config.training
+        # With replica groups, this rank's place among the data-parallel ranks of all groups.
         dp_rank, dp_world_size = self.replicas.data_share(self.dims.local_rank("dp"), self.dims.dp)
-        return build_dataloader(
-            dataset=t.dataset,
-            dataset_path=t.dataset_path,
-            text_field=t.dataset_text_field,
-            mixture=t.dataset_mixture,
-            tokenizer=self.tokenizer,
-            seq_len=t.seq_len,
-            local_batch_size=t.local_batch_size,
-            # With replica groups, this rank's place among the data-parallel ranks of all groups.
-            dp_rank=dp_rank,
-            dp_world_size=dp_world_size,
-            num_workers=t.dataloader_num_workers,
-            seed=t.seed,
-            accumulation_steps=self.layout.accumulation_steps,
-            data_order=t.data_order,
+        args = training_dataloader_args(
+            self.config, self.tokenizer, dp_rank, dp_world_size, self.layout.accumulation_steps
         )
+        return build_dataloader(**args)
 
     @property
     def model_parts(self) -> list[torch.nn.Module]:
@@ -175,8 +157,7 @@ class Trainer:
         lr = self.lr_scheduler.get_last_lr()[0]
         self.step_count += 1
         if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
-            if self.checkpoint is not None:
-                self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
+            self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
             self.optimizer.step()
             self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
@@ -210,8 +191,7 @@ class Trainer:
                     with self.throughput.excluded():  # evaluation time is not training throughput
                         validation = validator.run() if validator.due(self.step_count) else {}
                     reporter.step(self.step_count, loss, grad_norm, lr, validation, self.routing, self.replicas.live())
-                    if self.checkpoint is not None:
-                        self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
+                    self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()
                     snapshots.step()
         except Exception as exc:
@@ -221,7 +201,7 @@ class Trainer:
             reporter.close()
             # After a communication failure the peers are dead or hung: close()'s barrier would wait out a
             # second timeout and hide the first error. An unfinished save stays a .tmp folder, never loaded.
-            if self.checkpoint is not None and not comm_failed:
+            if not comm_failed:
                 self.checkpoint.close()
             self.replicas.close()
         self._export()
@@ -234,11 +214,13 @@ class Trainer:
 
     def _export(self) -> None:
         cfg = self.config
-        if self.checkpoint is None or not cfg.checkpoint.export_safetensors:
+        if not cfg.checkpoint.export_safetensors:
             return
         out = resolve_folder(cfg, cfg.checkpoint.export_folder)
-        self.checkpoint.export(out, dtype=cfg.checkpoint.export_dtype, tokenizer=self.tokenizer.path, overwrite=True)
-        logger.info(f"exported the model in Hugging Face layout to {out}")
+        if self.checkpoint.export(
+            out, dtype=cfg.checkpoint.export_dtype, tokenizer=self.tokenizer.path, overwrite=True
+        ):
+            logger.info(f"exported the model in Hugging Face layout to {out}")
 
 
 def train(config: JobConfig, layout: Layout | None = None) -> list[float]:

@@ -23,6 +23,7 @@ from titan_parallel import ParallelModel
 from titan_train.config.sections import JobConfig
 from titan_train.data import build_dataloader
 from titan_train.data.tokenizer import Tokenizer
+from titan_train.run.dataloading import validation_dataloader_args
 
 
 class Validator:
@@ -34,19 +35,8 @@ class Validator:
         self.last_step = t.steps
         self.model, self.device = model, device
         dims = model.layout.dims
-        self.loader_args = dict(
-            dataset=v.dataset,
-            dataset_path=v.dataset_path,
-            tokenizer=tokenizer,
-            seq_len=t.seq_len if v.seq_len == -1 else v.seq_len,
-            local_batch_size=t.local_batch_size if v.local_batch_size == -1 else v.local_batch_size,
-            dp_rank=dims.local_rank("dp"),
-            dp_world_size=dims.dp,
-            seed=None,  # the source's order: every evaluation sees the same batches
-            infinite=v.steps != -1,
-            text_field=t.dataset_text_field,  # validation data is laid out as the training data
-            data_order=t.data_order,
-            accumulation_steps=model.layout.accumulation_steps,
+        self.loader_args = validation_dataloader_args(
+            config, tokenizer, dims.local_rank("dp"), dims.dp, model.layout.accumulation_steps
         )
 
     def due(self, step: int) -> bool:
