@@ -50,6 +50,7 @@ def test_gpu_without_fp8_tensor_cores_is_refused_unless_emulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     cuda = torch.device("cuda", 0)
     with pytest.raises(ValueError, match=r"capability >= 8.9.*A100.*has 8.0.*float8.emulate=true"):
-        Float8Options(enable=True).validate(cuda)
+        Float8Options(enable=True, emulate=False).validate(cuda)  # forced real float8 (the default "auto" emulates)
+    Float8Options(enable=True).validate(cuda)
     Float8Options(enable=True, emulate=True).validate(cuda)
     Float8Options(enable=True).validate(torch.device("cpu"))

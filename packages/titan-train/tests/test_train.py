@@ -159,6 +159,33 @@ def test_float8_emulated_tracks_bfloat16_over_30_steps(tmp_path):
     assert sum(f8[-5:]) / 5 < 0.8 * f8[0]
 
 
+def test_float8_on_a_cpu_emulates_by_default_at_the_speed_of_the_plain_run(tmp_path, caplog):
+    """float8.emulate = "auto" (the default) on a CPU: emulated matmuls, said in the float8 line, and a step in
+    about the time of the same run without float8 (a ratio within this run: torch's CPU _scaled_mm is a
+    reference implementation, ~2x to hundreds of times slower by CPU)."""
+    import logging
+    import time
+
+    from torchao.float8.float8_linear import Float8Linear
+
+    def seconds_per_step(t: Trainer) -> float:
+        t.step()  # the first step pays for allocation and dispatch caches
+        start = time.perf_counter()
+        for _ in range(3):
+            t.step()
+        return (time.perf_counter() - start) / 3
+
+    args = ("--model.flavor", "debug", "--training.steps", "4")
+    plain = seconds_per_step(trainer(tmp_path / "plain", *args))
+    with caplog.at_level(logging.INFO, logger="titan.float8"):
+        f8 = trainer(tmp_path / "float8", *args, "--float8.enable", "true")
+    assert "emulated: this device has no float8 matmul units" in caplog.text
+    layers = [m for m in f8.model.modules() if isinstance(m, Float8Linear)]
+    assert layers and all(m.config.emulate for m in layers)
+    ratio = seconds_per_step(f8) / plain
+    assert ratio < 4.0, f"a float8 step took {ratio:.1f}x the plain step"
+
+
 def test_float8_config_errors_name_the_field(tmp_path):
     from titan_train.config import ConfigError
 

@@ -15,16 +15,19 @@ from titan_float8.async_tp import offer_async_tp_matmuls
 from titan_float8.convert import Float8Options, Float8Report, convert_to_float8
 from titan_float8.converter import Float8Converter
 from titan_float8.fsdp import precompute_float8_scales
+from titan_float8.matmul_choice import MatmulChoice, choose_float8_matmuls
 from titan_float8.requirements import MIN_TORCHAO, require_torchao
 from titan_float8.tensor_parallel import float8_tp_plan, float8_tp_styles
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "MIN_TORCHAO",
     "Float8Converter",
     "Float8Options",
     "Float8Report",
+    "MatmulChoice",
+    "choose_float8_matmuls",
     "convert_to_float8",
     "float8_tp_plan",
     "float8_tp_styles",

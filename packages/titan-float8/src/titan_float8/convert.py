@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from titan_float8.matmul_choice import EMULATE_CHOICES, device_float8_choice, warn_real_float8_on_cpu
 from titan_float8.requirements import require_torchao
 
 logger = logging.getLogger("titan.float8")
@@ -48,13 +49,16 @@ class Float8Options:
     precompute_float8_dynamic_scale_for_fsdp: bool = False
     """After each optimizer step, compute every float8 weight's scale in one all-reduce instead of one
     small all-reduce per weight inside the next forward. Needs enable_fsdp_float8_all_gather."""
-    emulate: bool = False
+    emulate: bool | Literal["auto"] = "auto"
     """Run the float8 matmuls as dequantize + high-precision matmul instead of torch._scaled_mm: the same
-    float8 rounding of inputs, weights and gradients, on hardware without FP8 tensor cores. On CPU,
-    torch._scaled_mm works but is hundreds of times slower than this; use emulate there."""
+    float8 rounding of inputs, weights and gradients, on hardware without FP8 tensor cores. "auto": real
+    float8 matmuls where the device has them (CUDA capability 8.9+), emulated elsewhere (on CPU
+    torch._scaled_mm is a reference implementation, up to hundreds of times slower); true or false force it."""
 
     def validate(self, device: torch.device | None = None) -> None:
         """Raise ValueError naming the first field that cannot work (with `device`, also check it can)."""
+        if self.emulate not in EMULATE_CHOICES or not isinstance(self.emulate, (bool, str)):
+            raise ValueError(f"float8.emulate={self.emulate!r} must be true, false or 'auto'")
         if self.recipe not in RECIPES:
             raise ValueError(f"float8.recipe={self.recipe!r} is not supported; use {' or '.join(map(repr, RECIPES))}")
         if not isinstance(self.filter_fqns, (list, tuple)) or not all(isinstance(f, str) for f in self.filter_fqns):
@@ -70,7 +74,7 @@ class Float8Options:
                 "float8.enable_fsdp_float8_all_gather=True: the scales it precomputes are those of the "
                 "float8 all-gather"
             )
-        if self.enable and not self.emulate and device is not None and device.type == "cuda":
+        if self.enable and self.emulate is False and device is not None and device.type == "cuda":
             capability = torch.cuda.get_device_capability(device)
             if capability < (8, 9):
                 raise ValueError(
@@ -87,10 +91,13 @@ class Float8Report:
     recipe: str
     converted: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    emulated: str | None = None
+    """Why the matmuls are emulated (float8.emulate resolved on the run's device); None: real float8."""
 
     def summary(self) -> str:
         skipped = "; ".join(f"{fqn} ({reason})" for fqn, reason in self.skipped.items()) or "none"
-        return f"float8 ({self.recipe}): converted {len(self.converted)} Linear layers; skipped {skipped}"
+        how = f"{self.recipe}, emulated: {self.emulated}" if self.emulated else self.recipe
+        return f"float8 ({how}): converted {len(self.converted)} Linear layers; skipped {skipped}"
 
 
 def skip_reason(fqn: str, module: nn.Module, filter_fqns: list[str]) -> str | None:
@@ -111,12 +118,15 @@ def skip_reason(fqn: str, module: nn.Module, filter_fqns: list[str]) -> str | No
     return None
 
 
-def convert_to_float8(model: nn.Module, options: Float8Options) -> Float8Report:
+def convert_to_float8(
+    model: nn.Module, options: Float8Options, device: torch.device | str | None = None
+) -> Float8Report:
     """Swap `model`'s eligible nn.Linear layers for Float8Linear in place; log and return what happened.
 
     Call on the model built on the meta device, before tensor parallelism, compile and FSDP (the float8
     all-gather weight wrapper must exist when FSDP shards the parameters). A no-op when options.enable
-    is False.
+    is False. `device`: where the matmuls will run, for float8.emulate = "auto" (None: CUDA where available,
+    else the CPU; a dry run passes the device type it models).
     """
     options.validate()
     report = Float8Report(recipe=options.recipe)
@@ -140,10 +150,14 @@ def convert_to_float8(model: nn.Module, options: Float8Options) -> Float8Report:
             # A mixture of experts' stacked weights, computed by a grouped matmul, not by Linear layers.
             report.skipped[fqn] = "3-D expert weights: no float8 grouped matmul here, kept in high precision"
     to_convert = set(report.converted)
+    choice = device_float8_choice(options.emulate, device)
+    report.emulated = choice.why
+    if not choice.emulate and choice.device_type == "cpu" and to_convert:
+        warn_real_float8_on_cpu()
 
     config = float8.Float8LinearConfig.from_recipe_name(options.recipe)
     config = dataclasses.replace(
-        config, enable_fsdp_float8_all_gather=options.enable_fsdp_float8_all_gather, emulate=options.emulate
+        config, enable_fsdp_float8_all_gather=options.enable_fsdp_float8_all_gather, emulate=choice.emulate
     )
     float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn in to_convert)
 

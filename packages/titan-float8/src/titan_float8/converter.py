@@ -8,6 +8,7 @@ It has the shape of titan_parallel's `ModelConverter` (the packages share no imp
     optimizer.step(); model.after_optimizer_step()            # one all-reduce for every weight's scale
 """
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
@@ -19,15 +20,23 @@ from titan_float8.tensor_parallel import float8_tp_plan
 
 
 class Float8Converter:
-    def __init__(self, options: Float8Options, collectives_device_type: str | None = None):
+    def __init__(
+        self,
+        options: Float8Options,
+        collectives_device_type: str | None = None,
+        device: torch.device | str | None = None,
+    ):
         """`collectives_device_type`: whose collectives the TP plan is chosen for ("cuda" in a dry run on a
-        CPU, which simulates them); None: the TP mesh's."""
+        CPU, which simulates them); None: the TP mesh's. `device`: where the matmuls run, which decides
+        float8.emulate = "auto" (a dry run on a CPU: "cuda", the device it models); None: CUDA where
+        available, else the CPU."""
         self.options = options
         self.collectives_device_type = collectives_device_type
+        self.device = device
         self.precompute_scales = options.enable and options.precompute_float8_dynamic_scale_for_fsdp
 
     def convert(self, model: nn.Module) -> None:
-        convert_to_float8(model, self.options)
+        convert_to_float8(model, self.options, self.device)
 
     def tp_plan(self, plan: dict, model: nn.Module, tp_mesh: DeviceMesh) -> dict:
         if not self.options.enable:

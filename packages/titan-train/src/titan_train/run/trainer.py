@@ -74,7 +74,8 @@ class Trainer:
         self.replicas = build_replica_groups(config.fault_tolerance, env)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
-        float8 = Float8Converter(config.float8, env.modelled_device_type)
+        # A dry run decides float8.emulate = "auto" for the device it models, not the CPU it runs on.
+        float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=cross_entropy, seed=t.seed, converter=float8,
