@@ -15,6 +15,7 @@ import time
 from state_dump import save_full_states
 from titan_train.config import load_config, parse_argv
 from titan_train.run.distributed import init_distributed, shutdown_distributed
+from titan_train.run.run_record import record_run
 from titan_train.run.trainer import Trainer
 
 
@@ -22,9 +23,10 @@ def main(argv: list[str]) -> None:
     out, rest = argv[0], argv[1:]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     config = load_config(parse_argv(rest))
+    run = record_run(config)  # as titan-train: run.json, and run_id / restart in every metrics row
     env = init_distributed(config)
     try:
-        trainer = Trainer(config, env)
+        trainer = Trainer(config, env, run)
         # The pause comes after the step's quorum: a group killed then fails the others' step in flight.
         pause, quorum = float(os.environ.get("TITAN_TEST_STEP_SECONDS", "0")), trainer.replicas.start_step
         trainer.replicas.start_step = lambda: (quorum(), time.sleep(pause))

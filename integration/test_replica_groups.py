@@ -122,6 +122,10 @@ def kill_and_heal(root: Path, after_step: int, victim_rank: int = 1, victim_grou
     assert alone and alone[0] >= after_step, survived  # the survivor went on alone after the kill ...
     assert alone == list(range(alone[0], alone[-1] + 1))  # ... for consecutive steps ...
     assert survived[-1]["replicas"] == "2/2"  # ... until the restarted group joined again
+    # The healed group continues its run, as a resume does: one run id, the restart counted in its rows.
+    healed = rows(victim.dump)
+    assert len({r["run_id"] for r in healed}) == 1, healed
+    assert healed[0]["restart"] == 0 and healed[-1]["restart"] == 1, healed
     a, b = final_state(survivor.dump), final_state(victim.dump)
     assert a["step"] == b["step"] == STEPS
     for kind in ("model", "optimizer"):

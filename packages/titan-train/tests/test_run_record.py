@@ -50,6 +50,19 @@ def test_resume_with_harmless_changes_warns_and_counts_the_restart(tmp_path, res
     assert record_run(config(tmp_path, optimizer__lr="1e-4", training__steps="99"), rank=0).restart == 2
 
 
+def test_a_replica_group_restarted_by_torchrun_continues_its_run(tmp_path, monkeypatch):
+    """A restarted replica group heals from a live one (no checkpoint in its folder): the same run, restart + 1;
+    the same start without fault tolerance, or not restarted, is a new run."""
+    ft = {"fault_tolerance__enable": "true"}
+    first = record_run(config(tmp_path, **ft), rank=0)
+    second = record_run(config(tmp_path, **ft), rank=0)
+    assert second.run_id != first.run_id and second.restart == 0  # not restarted by torchrun: a new job
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert record_run(config(tmp_path, **ft), rank=0) == RunRecord(second.run_id, 1)
+    assert record_run(config(tmp_path / "plain"), rank=0).restart == 0
+    assert record_run(config(tmp_path / "plain"), rank=0).restart == 0
+
+
 @pytest.mark.parametrize(
     "key, old, new",
     [("model.flavor", "debug", "tiny"), ("training.seq_len", 256, 64), ("model.tokenizer_path", "", "tok.json"),

@@ -4,7 +4,8 @@
     <dump_folder>/run.json      {"run_id", "restart", "starts": [{"restart", "time", "world_size", "changed"}]}
 
 A start that resumes from a checkpoint of this folder continues the recorded run: same run id, restart
-counter + 1. Its config is compared with the record first: a changed value that would break the resume
+counter + 1. So does a replica group that torchrun restarted (fault_tolerance.enable): it heals from a live
+group, or resumes from the job's checkpoint, and goes on with the job's steps either way. Its config is compared with the record first: a changed value that would break the resume
 (another model, vocabulary, sequence length or data; `BREAKING`) is a ConfigError naming the key and both
 values; any other change (lr, steps, log_freq, layout, ...) is a warning and is listed in run.json.
 A start with nothing to resume is a new run (new id, restart 0); a differing record it replaces is kept as
@@ -67,7 +68,7 @@ def record_run(config: JobConfig, rank: int | None = None, world_size: int | Non
     text = to_toml(config)
     previous = _read_previous(config_file, run_file)
     changed: dict[str, list] = {}
-    if previous is not None and will_resume(config):
+    if previous is not None and (will_resume(config) or will_heal(config)):
         old_config, old_run = previous
         changed = config_changes(old_config, _flat(tomllib.loads(text)))
         _refuse_breaking(changed, config_file)
@@ -95,6 +96,12 @@ def will_resume(config: JobConfig) -> bool:
     if not ckpt.enable or ckpt.create_seed_checkpoint:
         return False
     return bool(complete_steps(resolve_folder(config, ckpt.folder)))
+
+
+def will_heal(config: JobConfig) -> bool:
+    """Whether this start is a replica group that torchrun restarted: it continues the job (heals from a live
+    group, or loads the job's checkpoint), whatever its own folder holds."""
+    return config.fault_tolerance.enable and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def config_changes(recorded: dict, current: dict) -> dict[str, list]:
