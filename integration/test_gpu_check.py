@@ -304,7 +304,7 @@ def test_the_full_rehearsal_on_cpu(tmp_path):
 
 
 def test_the_readme_lists_what_has_run_on_a_gpu_as_the_results_say():
-    """The top-level README's table of checks run on a GPU is `gpu_check.py --history` of gpu_results/."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/gpu-check.md's table of checks run on a GPU is `gpu_check.py --history` of gpu_results/."""
+    readme = (ROOT / "docs" / "gpu-check.md").read_text()
     block = readme.split("<!-- gpu-history -->\n", 1)[1].split("\n<!-- /gpu-history -->", 1)[0]
     assert block == history_table(ROOT / "gpu_results")

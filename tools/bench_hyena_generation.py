@@ -1,6 +1,6 @@
 """Benchmark Hyena generation: the three long-convolution strategies at growing lengths and batch sizes.
 
-    python tools/bench_hyena_generation.py                         # the README's CPU table (~25 min, 1 thread)
+    python tools/bench_hyena_generation.py                         # docs/hyena-generation.md's table (~25 min)
     python tools/bench_hyena_generation.py --device cuda --quadratic-max 65536 --batched-max 65536 --clock wall
     python tools/bench_hyena_generation.py --quick                 # smoke run: tiny flavor, L = 256, 512
 

@@ -1,5 +1,5 @@
 """Which checks have run on a GPU, read from the committed results (`python tools/gpu_check.py --history`):
-the table the top-level README's "what has run on a GPU" is kept from. CPU rehearsals do not count."""
+the table docs/gpu-check.md's "what has run on a GPU" is kept from. CPU rehearsals do not count."""
 
 from __future__ import annotations
 
