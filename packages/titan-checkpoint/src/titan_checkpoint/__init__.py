@@ -39,7 +39,7 @@ from titan_checkpoint.manager import CheckpointManager
 from titan_checkpoint.saving import save_checkpoint, save_seed_checkpoint
 from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "CheckpointConfig",

@@ -20,7 +20,7 @@ import sys
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError
 from titan_checkpoint.folder import read_meta, resolve_checkpoint, step_dir
 from titan_checkpoint.hf_export import export_safetensors
-from titan_checkpoint.location import as_location, is_dir
+from titan_checkpoint.location import as_location
 from titan_checkpoint.storage import read_dcp_metadata, verify_files
 
 EXAMPLES = """\
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 def _list(folder: str) -> None:
     from titan_checkpoint.folder import complete_steps
 
-    if not is_dir(as_location(folder)):
+    if not as_location(folder).is_dir():
         raise FileNotFoundError(f"{folder} is not a folder; give a checkpoint folder (holding step-<N> folders)")
     steps = complete_steps(folder)
     if not steps:

@@ -1,17 +1,13 @@
 """The checkpoint folder: which steps are complete, their titan_meta.json, and the rules that keep a
 crash from ever leaving a half-written checkpoint where a complete one is expected.
 
-On a local disk:
-
     <folder>/step-<N>/          a complete checkpoint: DCP files + .metadata + titan_meta.json
-    <folder>/.step-<N>.tmp/     a save in progress (or interrupted by a crash): never loaded
+    <folder>/.step-<N>.tmp/     a save in progress (or interrupted by a crash) on local disk: never loaded
 
-A save writes into `.step-<N>.tmp`, then titan_meta.json (with the checksums of every file) last, then
-renames the folder to `step-<N>`: the rename is atomic, so `step-<N>` exists only once it is complete.
-
-On an object store (no atomic rename; see location.py) a save writes straight into `step-<N>/`, and
-titan_meta.json, written last as one object, is the commit marker: a `step-<N>/` without it is a save
-that did not finish and is never loaded. Removing a checkpoint deletes its marker first.
+A save writes its files, then titan_meta.json (with the checksums of every file) last: the commit marker.
+How the save then becomes `step-<N>` is the location's commit protocol (location/): on local disk it was
+written into `.step-<N>.tmp`, renamed into place atomically; on an object store (no atomic rename) it was
+written straight into `step-<N>/`, and a `step-<N>/` without its marker is a save that did not finish.
 """
 
 from __future__ import annotations
@@ -20,9 +16,9 @@ import json
 import logging
 import os
 import re
+from pathlib import Path
 from typing import Any
 
-import titan_checkpoint.location as loc
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.storage import METADATA_FILE
@@ -34,52 +30,51 @@ FORMAT = "titan-checkpoint/1"
 _STEP_DIR = re.compile(r"step-(\d+)")
 _TMP_DIR = re.compile(r"\.step-(\d+)\.tmp")
 
-
-def step_dir(folder: str | os.PathLike, step: int) -> Location:
-    return loc.join(as_location(folder), f"step-{step}")
+Folder = str | os.PathLike | Location
 
 
-def tmp_dir(folder: str | os.PathLike, step: int) -> Location:
+def step_dir(folder: Folder, step: int) -> Location:
+    return as_location(folder).join(f"step-{step}")
+
+
+def tmp_dir(folder: Folder, step: int) -> Location:
     """Where a save of `step` writes: a temporary folder renamed into place, or (object store) the step's own."""
-    folder = as_location(folder)
-    return loc.join(folder, f".step-{step}.tmp") if loc.atomic_rename(folder) else step_dir(folder, step)
+    return step_dir(folder, step).staging()
 
 
-def complete_steps(folder: str | os.PathLike) -> list[int]:
+def complete_steps(folder: Folder) -> list[int]:
     """Steps with a complete checkpoint in `folder`, ascending. Interrupted saves are skipped (`.step-N.tmp`,
     or on an object store a `step-N` without its marker); a local `step-N` folder without its
     titan_meta.json is an error, since a save never leaves one."""
     folder = as_location(folder)
     steps = []
-    for name, is_folder in loc.list_dir(folder):
+    for name, is_folder in folder.list_dir():
         match = _STEP_DIR.fullmatch(name)
         if match and is_folder:
-            entry = loc.join(folder, name)
-            if not loc.is_file(loc.join(entry, META_FILE)):
-                if not loc.atomic_rename(folder):
-                    logger.debug(f"ignoring {entry}: no {META_FILE}, a save that did not finish")
-                    continue
-                raise CheckpointCorruptError(
-                    f"{loc.join(entry, META_FILE)} is missing: {entry} was not written by a complete save "
-                    f"(a save renames .step-N.tmp to step-N only after writing {META_FILE}); remove or repair it"
-                )
-            steps.append(int(match.group(1)))
+            if folder.join(name).committed(META_FILE):
+                steps.append(int(match.group(1)))
         elif _TMP_DIR.fullmatch(name):
-            logger.debug(f"ignoring {loc.join(folder, name)}: an interrupted or unfinished save")
+            logger.debug(f"ignoring {folder.join(name)}: an interrupted or unfinished save")
     return sorted(steps)
 
 
-def latest_step(folder: str | os.PathLike) -> int | None:
+def latest_step(folder: Folder) -> int | None:
     steps = complete_steps(folder)
     return steps[-1] if steps else None
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Location:
-    """A checkpoint given either as one step's folder or as a folder of steps (-> the latest)."""
+def resolve_checkpoint(path: Folder) -> Path | str:
+    """A checkpoint given either as one step's folder or as a folder of steps (-> the latest): its path, or
+    its URL on an object store."""
+    return checkpoint_location(path).plain
+
+
+def checkpoint_location(path: Folder) -> Location:
+    """resolve_checkpoint's answer as a Location."""
     path = as_location(path)
-    if loc.is_file(loc.join(path, META_FILE)) or loc.is_file(loc.join(path, METADATA_FILE)):
+    if path.join(META_FILE).is_file() or path.join(METADATA_FILE).is_file():
         return path
-    if _TMP_DIR.fullmatch(loc.name_of(path)):
+    if _TMP_DIR.fullmatch(path.name):
         raise CheckpointError(f"{path} is an interrupted save, not a complete checkpoint")
     step = latest_step(path)
     if step is None:
@@ -90,13 +85,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> Location:
     return step_dir(path, step)
 
 
-def read_meta(checkpoint: str | os.PathLike) -> dict[str, Any]:
+def read_meta(checkpoint: Folder) -> dict[str, Any]:
     """titan_meta.json of one checkpoint; {} for a plain DCP folder that has none."""
-    file = loc.join(as_location(checkpoint), META_FILE)
-    if not loc.is_file(file):
+    file = as_location(checkpoint).join(META_FILE)
+    if not file.is_file():
         return {}
     try:
-        meta = json.loads(loc.read_text(file))
+        meta = json.loads(file.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointCorruptError(f"{file} cannot be read ({type(e).__name__}: {e}); the file is corrupt") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -104,83 +99,41 @@ def read_meta(checkpoint: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def write_meta(checkpoint: str | os.PathLike, meta: dict[str, Any]) -> None:
-    loc.write_json(loc.join(as_location(checkpoint), META_FILE), {"format": FORMAT, **meta})
+def write_meta(checkpoint: Folder, meta: dict[str, Any]) -> None:
+    as_location(checkpoint).join(META_FILE).write_json({"format": FORMAT, **meta})
 
 
-def begin(folder: Location, step: int) -> Location:
-    """An empty place for a save of `step`, removing what an interrupted save of it left. On an object store
-    that is `step-<N>` itself: a complete checkpoint of the same step (a run resumed from an earlier step)
-    is un-committed first, so it never reads as complete with some of the new files in it."""
-    target = tmp_dir(folder, step)
-    if not loc.atomic_rename(folder):
-        loc.remove(loc.join(target, META_FILE))
-    loc.remove(target)
-    loc.make_dirs(target)
-    return target
+def begin(folder: Folder, step: int) -> Location:
+    """An empty place for a save of `step`, removing what an interrupted save of it left (a complete
+    checkpoint of the same step is un-committed first where the save writes in place)."""
+    final = step_dir(folder, step)
+    final.begin(META_FILE)
+    return final.staging()
 
 
-def commit(folder: Location, step: int, meta: dict[str, Any]) -> None:
-    """Make the finished save of `step` the checkpoint `step-<N>` by writing its titan_meta.json last: locally
-    into the temporary folder, then the atomic rename (replacing an older one of the same step); on an
-    object store the marker itself is the commit."""
-    tmp, final = tmp_dir(folder, step), step_dir(folder, step)
-    write_meta(tmp, meta)
-    if not loc.atomic_rename(folder):
-        return
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old")
-        loc.remove(old)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        loc.remove(old)
+def commit(folder: Folder, step: int, meta: dict[str, Any]) -> None:
+    """Make the finished save of `step` the checkpoint `step-<N>` by writing its titan_meta.json last, then
+    the location's commit (local disk: the atomic rename, replacing an older one of the same step)."""
+    final = step_dir(folder, step)
+    write_meta(final.staging(), meta)
+    final.publish()
 
 
-def _fsync_dir(path: os.PathLike) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_checkpoint(folder: Location, step: int) -> None:
-    """Delete a complete checkpoint so that a crash midway leaves an ignored leftover, never a partial
-    `step-N` that reads as complete: locally by renaming it to `.step-N.tmp` first, on an object store by
-    deleting its marker first."""
-    if loc.atomic_rename(folder):
-        doomed = loc.join(folder, f".step-{step}.tmp")
-        loc.remove(doomed)
-        os.rename(step_dir(folder, step), doomed)
-    else:
-        doomed = step_dir(folder, step)
-        loc.remove(loc.join(doomed, META_FILE))
-    loc.remove(doomed)
-
-
-def purge(folder: str | os.PathLike, keep_latest_k: int, just_saved: int) -> list[int]:
+def purge(folder: Folder, keep_latest_k: int, just_saved: int) -> list[int]:
     """Remove all but the `keep_latest_k` highest complete steps (0 keeps all), never `just_saved` (a run
     resumed from an earlier step saves below the abandoned later ones), and interrupted saves of earlier
     steps. Returns the steps removed."""
     folder = as_location(folder)
     complete = complete_steps(folder)
-    for name, _ in loc.list_dir(folder):
+    for name, _ in folder.list_dir():
         match = _TMP_DIR.fullmatch(name) or _STEP_DIR.fullmatch(name)
         if match and int(match.group(1)) < just_saved and int(match.group(1)) not in complete:
-            loc.remove(loc.join(folder, name))
+            folder.join(name).remove()
     if keep_latest_k <= 0:
         return []
     removed = [step for step in complete[:-keep_latest_k] if step != just_saved]
     for step in removed:
-        _remove_checkpoint(folder, step)
+        step_dir(folder, step).discard(META_FILE)
     if removed:
         logger.info(f"checkpoint: removed step(s) {', '.join(map(str, removed))} (keep_latest_k={keep_latest_k})")
     return removed
@@ -213,9 +166,7 @@ def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> l
     return diffs
 
 
-def check_fingerprint(
-    checkpoint: Location, meta: dict[str, Any], current: dict[str, Any] | None, enforce: bool
-) -> None:
+def check_fingerprint(checkpoint: Folder, meta: dict[str, Any], current: dict[str, Any] | None, enforce: bool) -> None:
     """Refuse (or, with enforce=False, warn about) a checkpoint written for a different model config."""
     saved = meta.get("fingerprint")
     if current is None or saved is None:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-import titan_checkpoint.location as loc
 from titan_checkpoint.adapters import adapter_from_hf_folder
 from titan_checkpoint.errors import CheckpointError
 from titan_checkpoint.folder import complete_steps
@@ -60,7 +59,7 @@ def _tensor_bytes(files: set[Path]) -> int:
 
 def import_hf_checkpoint(
     folder: str | os.PathLike, out: str | os.PathLike, *, dtype: torch.dtype | str | None = None
-) -> Location:
+) -> Path | str:
     """Write the Hugging Face model in `folder` as the DCP checkpoint `out/step-0` and return its path.
     dtype: of the written tensors (default: as stored in the folder). Either may be an object-store URL."""
     source, out = as_location(folder), as_location(out)
@@ -70,7 +69,7 @@ def import_hf_checkpoint(
         return _import(local, source, out, dtype)
 
 
-def _import(folder: Path, source: Location, out: Location, dtype: torch.dtype | str | None) -> Location:
+def _import(folder: Path, source: Location, out: Location, dtype: torch.dtype | str | None) -> Path | str:
     name, adapter = adapter_from_hf_folder(folder)
     cast = None if dtype is None else _dtype(dtype)
     # Every tensor in memory at once: DCP writes one state dict. Tied tensors are held once, named twice.
@@ -83,13 +82,13 @@ def _import(folder: Path, source: Location, out: Location, dtype: torch.dtype | 
     if cast is not None:
         tensors = {fqn: tensor.to(cast) for fqn, tensor in tensors.items()}
     args = adapter.args_dict() if hasattr(adapter, "args_dict") else None
-    model = {"name": name, "args": args, "source": str(source.resolve() if isinstance(source, Path) else source)}
+    model = {"name": name, "args": args, "source": source.record_name()}
     tokenizer_files = [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
     if tokenizer_files:
         # Beside the steps, so the checkpoint alone can be generated from; the path is relative to `out`.
-        loc.make_dirs(loc.join(out, TOKENIZER_DIR))
+        out.join(TOKENIZER_DIR).make_dirs()
         for file in tokenizer_files:
-            with loc.open_file(loc.join(out, TOKENIZER_DIR, file.name), "wb") as copy:
+            with out.join(TOKENIZER_DIR, file.name).open_file("wb") as copy:
                 copy.write(file.read_bytes())
         model["tokenizer"] = TOKENIZER_DIR
     path = save_checkpoint(out, 0, {"model": _Tensors(tensors)}, model=model)

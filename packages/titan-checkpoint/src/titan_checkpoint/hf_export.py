@@ -16,7 +16,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,9 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-import titan_checkpoint.location as loc
 from titan_checkpoint.adapters import adapter_from_meta
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
-from titan_checkpoint.folder import read_meta, resolve_checkpoint
+from titan_checkpoint.folder import checkpoint_location, read_meta
 from titan_checkpoint.hf_import import INDEX_FILE
 from titan_checkpoint.hf_tokenizer import ExportedTokenizer
 from titan_checkpoint.location import Location, as_location
@@ -122,8 +120,8 @@ def _recorded_tokenizer(checkpoint: Location, meta: dict[str, Any]) -> Path | No
     recorded = (meta.get("model") or {}).get("tokenizer")
     if not recorded:
         return None  # none recorded, or the trainer's shipped tokenizer, which only titan-train knows
-    parent = loc.parent_of(checkpoint)
-    path = Path(recorded) if Path(recorded).is_absolute() or not isinstance(parent, Path) else parent / recorded
+    beside = checkpoint.parent.local_path
+    path = Path(recorded) if Path(recorded).is_absolute() or beside is None else beside / recorded
     return path if path.exists() else None
 
 
@@ -137,7 +135,7 @@ def export_safetensors(
     max_shard_size: int | str = "50GB",
     tokenizer: str | os.PathLike | None = None,
     overwrite: bool = False,
-) -> Location:
+) -> Path | str:
     """Write the model of `checkpoint` (a step folder, or a folder of steps -> the latest) to `out` in
     Hugging Face layout. adapter: default from the checkpoint's metadata (model_name overrides its
     "name"), found through the titan.hf_adapters entry points. tokenizer: a tokenizer.json (its folder's
@@ -145,18 +143,13 @@ def export_safetensors(
     records; its BOS / EOS ids go into config.json and generation_config.json. One file, model.safetensors,
     unless the tensors pass max_shard_size. `checkpoint` and `out` may be object-store URLs (an export to
     one is written locally, then uploaded). Returns `out`."""
-    checkpoint, out, dtype = resolve_checkpoint(checkpoint), as_location(out), _dtype(dtype)
+    checkpoint, out, dtype = checkpoint_location(checkpoint), as_location(out), _dtype(dtype)
     max_bytes = parse_size(max_shard_size)
-    if loc.list_dir(out) and not overwrite:
+    if out.list_dir() and not overwrite:
         raise CheckpointError(f"export destination {out} exists and is not empty; choose another or pass overwrite")
-    if not isinstance(out, Path):
-        with tempfile.TemporaryDirectory(prefix="titan-export-") as staging:
-            local = Path(staging) / "hf"
-            _export(checkpoint, local, adapter, model_name, dtype, max_bytes, tokenizer)
-            loc.upload_folder(local, out)
-        logger.info(f"checkpoint: uploaded the export to {out}")
-        return out
-    return _export(checkpoint, out, adapter, model_name, dtype, max_bytes, tokenizer)
+    with out.written_locally() as local:
+        _export(checkpoint, local, adapter, model_name, dtype, max_bytes, tokenizer)
+    return out.plain
 
 
 def _export(

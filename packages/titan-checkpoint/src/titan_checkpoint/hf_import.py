@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Container, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-import titan_checkpoint.location as loc
 from titan_checkpoint.adapters import model_differences, read_hf_config
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.location import as_location
@@ -37,21 +35,14 @@ INDEX_FILE = "model.safetensors.index.json"
 def is_hf_folder(path: str | os.PathLike) -> bool:
     """Whether `path` (a local folder or an object-store URL) is a Hugging Face model folder (config.json and
     safetensors files)."""
-    names = {name for name, is_folder in loc.list_dir(as_location(path)) if not is_folder}
+    names = {name for name, is_folder in as_location(path).list_dir() if not is_folder}
     return "config.json" in names and any(name.endswith(".safetensors") for name in names)
 
 
-@contextmanager
-def local_hf_folder(path: str | os.PathLike) -> Iterator[Path]:
+def local_hf_folder(path: str | os.PathLike) -> AbstractContextManager[Path]:
     """The Hugging Face folder `path` as a local folder: itself, or an object-store one downloaded to a
     temporary folder (removed afterwards), since safetensors maps its files from local disk."""
-    location = as_location(path)
-    if isinstance(location, Path):
-        yield location
-        return
-    with tempfile.TemporaryDirectory(prefix="titan-hf-") as staging:
-        logger.info(f"checkpoint: downloading {location} to read it")
-        yield loc.download_folder(location, Path(staging))
+    return as_location(path).local_copy()
 
 
 def check_hf_model(folder: str | os.PathLike, adapter: Any) -> None:

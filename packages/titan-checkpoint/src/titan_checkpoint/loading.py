@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, raise_from_dcp
-from titan_checkpoint.folder import check_fingerprint, read_meta, resolve_checkpoint
+from titan_checkpoint.folder import check_fingerprint, checkpoint_location, read_meta
 from titan_checkpoint.location import Location
 from titan_checkpoint.states import DataParallelState, RankLocal
 from titan_checkpoint.storage import (
@@ -173,7 +173,7 @@ def load_checkpoint(
     (strict_fingerprint=False warns instead of refusing), every requested state present. Every rank of
     `process_group` (default: the default group, if any) calls it.
     """
-    checkpoint = resolve_checkpoint(path)
+    checkpoint = checkpoint_location(path)
     meta = read_meta(checkpoint)
     check_fingerprint(checkpoint, meta, fingerprint, strict_fingerprint)
     load_states(checkpoint, meta, states, list(states), group=process_group, verify_checksums=verify_checksums)

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,17 +24,17 @@ from titan_checkpoint.config import CheckpointConfig
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, raise_from_dcp
 from titan_checkpoint.folder import (
     check_fingerprint,
+    checkpoint_location,
     complete_steps,
     normalize_fingerprint,
     read_meta,
-    resolve_checkpoint,
     step_dir,
     tmp_dir,
 )
 from titan_checkpoint.hf_export import export_safetensors
 from titan_checkpoint.hf_import import is_hf_folder, load_hf_into_model, local_hf_folder
 from titan_checkpoint.loading import file_problems, gather_problems, load_states
-from titan_checkpoint.location import Location, as_location, atomic_rename, probe_writable
+from titan_checkpoint.location import Location, as_location
 from titan_checkpoint.saving import checkpoint_meta, commit_save, start_save, states_to_save
 from titan_checkpoint.states import ModelState, RankLocal, RNGState
 from titan_checkpoint.storage import checksum_writer
@@ -73,7 +74,8 @@ class CheckpointManager:
     ):
         self.config = config or CheckpointConfig()
         self.config.validate()
-        self.folder = as_location(folder)
+        self._location = as_location(folder)
+        self.folder = self._location.plain  # as callers gave it: a Path, or the URL
         self.states = dict(states)
         if self.config.save_rng and "rng" not in self.states:
             self.states["rng"] = RankLocal(RNGState(), required=False)
@@ -94,7 +96,7 @@ class CheckpointManager:
         self._pending_step: int | None = None
         self._staging: Future | None = None
         self._last_saved: int | None = None
-        self.loaded_from: Location | None = None  # the checkpoint the last load() read
+        self.loaded_from: Path | str | None = None  # the checkpoint the last load() read
         self._async_pg = None
         self._stager = None
         self.async_mode = self._setup_async(self.config.async_mode)
@@ -102,12 +104,12 @@ class CheckpointManager:
     def _check_writable(self) -> None:
         """Rank 0 writes and deletes a small object in an object-store folder; every rank raises what failed,
         before the first step rather than at the first save."""
-        if atomic_rename(self.folder):
-            return  # a local folder: made at the first save, like any other local output
+        if not self._location.probed_before_use:
+            return
         problems = []
         if self.rank == 0:
             try:
-                probe_writable(self.folder, "checkpoint.folder")
+                self._location.check_writable("checkpoint.folder")
             except ValueError as e:
                 problems.append(str(e))
         problems = gather_problems(problems, self._pg)
@@ -157,7 +159,7 @@ class CheckpointManager:
             dist.barrier(group=self._pg)
 
     def _save(self, step: int, names: list[str], model_dtype: torch.dtype | None) -> None:
-        tmp = start_save(self.folder, step, self._pg)
+        tmp = start_save(self._location, step, self._pg)
         start = time.perf_counter()
         state_dict = states_to_save(self.states, names, model_dtype)
         meta = checkpoint_meta(
@@ -172,9 +174,8 @@ class CheckpointManager:
             if self.rank == 0:
                 self._commit(step, meta)
             self._barrier()
-            logger.info(
-                f"checkpoint: saved step {step} to {step_dir(self.folder, step)} ({time.perf_counter() - start:.1f}s)"
-            )
+            seconds = time.perf_counter() - start
+            logger.info(f"checkpoint: saved step {step} to {step_dir(self._location, step)} ({seconds:.1f}s)")
             return
 
         try:
@@ -201,7 +202,7 @@ class CheckpointManager:
                     self._commit(step, meta)
                     seconds = time.perf_counter() - start
                     logger.info(
-                        f"checkpoint: saved step {step} to {step_dir(self.folder, step)} ({seconds:.1f}s, async)"
+                        f"checkpoint: saved step {step} to {step_dir(self._location, step)} ({seconds:.1f}s, async)"
                     )
                 pending.set_result(step)
             except BaseException as e:  # surfaced by wait()
@@ -212,7 +213,7 @@ class CheckpointManager:
         logger.debug(f"checkpoint: step {step} staged in {time.perf_counter() - start:.2f}s; writing in the background")
 
     def _commit(self, step: int, meta: dict[str, Any]) -> None:
-        commit_save(self.folder, step, meta, self.config.keep_latest_k)
+        commit_save(self._location, step, meta, self.config.keep_latest_k)
 
     def wait_for_staging(self) -> None:
         """Block until an asynchronous save has copied the state off the parameters; call it before the
@@ -231,7 +232,7 @@ class CheckpointManager:
             pending.result()
         except BaseException as e:
             raise_from_dcp(
-                e, f"saving step {step} to {tmp_dir(self.folder, step)} failed; the previous checkpoint stays"
+                e, f"saving step {step} to {tmp_dir(self._location, step)} failed; the previous checkpoint stays"
             )
 
     def close(self) -> None:
@@ -259,25 +260,25 @@ class CheckpointManager:
         self.wait()
         if step is None and self.config.load_step >= 0:
             step = self.config.load_step
-        steps = complete_steps(self.folder)
+        steps = complete_steps(self._location)
         if step is not None and step not in steps:
             raise CheckpointError(
-                f"checkpoint.load_step={step}: {step_dir(self.folder, step)} is not a complete checkpoint; "
-                f"complete steps in {self.folder}: {', '.join(map(str, steps)) or 'none'}"
+                f"checkpoint.load_step={step}: {step_dir(self._location, step)} is not a complete checkpoint; "
+                f"complete steps in {self._location}: {', '.join(map(str, steps)) or 'none'}"
             )
         if step is None and not steps:
             return self._initial_load()
         files_checked = False
         if step is None:
             step, files_checked = self._latest_intact(steps), True
-        path = step_dir(self.folder, step)
+        path = step_dir(self._location, step)
         meta = read_meta(path)
         check_fingerprint(path, meta, self.fingerprint, self.config.check_fingerprint)
         self._check_imported_model(path, meta)
         names = [n for n in self.states if n not in self.config.exclude_from_loading]
         if meta.get("model_only"):
             if step > 0:
-                full = [s for s in steps if s != step and not read_meta(step_dir(self.folder, s)).get("model_only")]
+                full = [s for s in steps if s != step and not read_meta(step_dir(self._location, s)).get("model_only")]
                 raise CheckpointError(
                     f"{path} holds only model weights (a model_only final save) and cannot resume training; "
                     f"start from it with initial_load_path={str(path)!r} in a new folder, or set load_step to a "
@@ -295,7 +296,7 @@ class CheckpointManager:
             files_checked=files_checked,
         )
         self._last_saved = step  # saving it again would rewrite the same state
-        self.loaded_from = path
+        self.loaded_from = path.plain
         return int(meta["step"])
 
     def _latest_intact(self, steps: list[int]) -> int:
@@ -304,7 +305,7 @@ class CheckpointManager:
         nor start over. All of them damaged is an error."""
         damaged = []
         for step in reversed(steps):
-            path = step_dir(self.folder, step)
+            path = step_dir(self._location, step)
             try:
                 meta = read_meta(path)
             except CheckpointCorruptError as e:
@@ -319,7 +320,7 @@ class CheckpointManager:
                 "trying the previous complete checkpoint"
             )
         raise CheckpointCorruptError(
-            f"every checkpoint in {self.folder} is damaged ({' | '.join(damaged)}); restore the files, or move "
+            f"every checkpoint in {self._location} is damaged ({' | '.join(damaged)}); restore the files, or move "
             "the folder away to start from scratch"
         )
 
@@ -332,7 +333,7 @@ class CheckpointManager:
     def _initial_load(self) -> int:
         path, cfg = self.config.initial_load_path, self.config
         if not path:
-            logger.info(f"checkpoint: no checkpoint in {self.folder}; starting from step 0")
+            logger.info(f"checkpoint: no checkpoint in {self._location}; starting from step 0")
             return 0
         if "model" not in self.states:
             raise ValueError("checkpoint.initial_load_path needs a 'model' entry in states")
@@ -342,7 +343,7 @@ class CheckpointManager:
                 load_hf_into_model(self.states["model"].parts, folder, adapter)
             logger.info(f"checkpoint: initial weights from Hugging Face folder {path}")
             return 0
-        checkpoint = resolve_checkpoint(path)
+        checkpoint = checkpoint_location(path)
         meta = read_meta(checkpoint)
         check_fingerprint(checkpoint, meta, self.fingerprint, cfg.check_fingerprint)
         self._check_imported_model(checkpoint, meta)
@@ -353,14 +354,14 @@ class CheckpointManager:
 
     # ---- export -------------------------------------------------------------------------------------
 
-    def export(self, out: str | os.PathLike, *, step: int | None = None, **kwargs: Any) -> Location:
+    def export(self, out: str | os.PathLike, *, step: int | None = None, **kwargs: Any) -> Path | str:
         """Rank 0 writes the checkpoint of `step` (default: the latest) in Hugging Face layout to `out`;
         kwargs go to export_safetensors (dtype, max_shard_size, tokenizer). Call on every rank."""
         self.wait()
         self._barrier()
-        checkpoint = step_dir(self.folder, step) if step is not None else resolve_checkpoint(self.folder)
+        checkpoint = step_dir(self._location, step) if step is not None else checkpoint_location(self._location)
         if self.rank == 0:
             adapter = self.hf_adapter or adapter_from_meta(read_meta(checkpoint))
             export_safetensors(checkpoint, out, adapter=adapter, **kwargs)
         self._barrier()
-        return as_location(out)
+        return as_location(out).plain

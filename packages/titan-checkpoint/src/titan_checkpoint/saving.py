@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,7 +95,7 @@ def save_checkpoint(
     model_dtype: torch.dtype | None = None,
     model: dict[str, Any] | None = None,
     process_group: dist.ProcessGroup | None = None,
-) -> Location:
+) -> Path | str:
     """Write `states` (name -> object with state_dict(), e.g. {"model": ModelState(model)} for the weights
     alone) as the complete checkpoint `<folder>/step-<step>`, synchronously, and return its path.
 
@@ -119,7 +120,7 @@ def save_checkpoint(
     if distributed:
         dist.barrier(group=process_group)
     logger.info(f"checkpoint: saved step {step} to {step_dir(folder, step)} ({time.perf_counter() - start:.1f}s)")
-    return step_dir(folder, step)
+    return step_dir(folder, step).plain
 
 
 def save_seed_checkpoint(
@@ -128,7 +129,7 @@ def save_seed_checkpoint(
     *,
     fingerprint: dict[str, Any] | None = None,
     model_meta: dict[str, Any] | None = None,
-) -> Location:
+) -> Path | str:
     """Write the initialized `model` as `<folder>/step-0`, model only: the seed every parallel layout
     starts from (DCP reshards it on load). Run in one process, before any training."""
     return save_checkpoint(folder, 0, {"model": ModelState(model)}, fingerprint=fingerprint, model=model_meta)

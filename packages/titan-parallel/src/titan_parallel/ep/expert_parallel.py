@@ -17,8 +17,6 @@ a partial sum over the tp ranks, which the layer's style reduce-scatters back ov
 
 from __future__ import annotations
 
-import fnmatch
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -27,16 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan_parallel.ep.token_dispatch import Dispatch, combine, dispatch
-
-
-def expert_modules(model: nn.Module, expert_fqns: list[str]) -> dict[str, nn.Module]:
-    """The modules of `model` whose FQN matches a pattern ("*" matches one name)."""
-    found = {}
-    for fqn, module in model.named_modules():
-        depth = fqn.count(".")
-        if any(pattern.count(".") == depth and fnmatch.fnmatchcase(fqn, pattern) for pattern in expert_fqns):
-            found[fqn] = module
-    return found
+from titan_parallel.params.module_patterns import modules_matching
 
 
 def apply_ep(
@@ -46,7 +35,7 @@ def apply_ep(
     `tp_mesh`: the tensor-parallel ranks (part of `ep_mesh`), which hold the same rows and each dispatch
     their share of them."""
     ep = ep_mesh.size()
-    modules = expert_modules(model, expert_fqns)
+    modules = modules_matching(model, expert_fqns)
     for fqn, module in modules.items():
         for name, param in list(module.named_parameters(recurse=False)):
             if param.shape[0] % ep:

@@ -31,7 +31,6 @@ given the model logs those layers once.
 
 import copy
 import logging
-from fnmatch import fnmatch
 from functools import partial
 from types import MethodType
 
@@ -42,6 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
+from titan_parallel.params.module_patterns import modules_matching
 from titan_parallel.tp.async_tp_ops import all_gather_matmul, linear, matmul_reduce_scatter
 
 logger = logging.getLogger("titan.parallel")
@@ -186,26 +186,13 @@ def _log_kept_styles(model: nn.Module, plan: dict, own_styles: dict[str, str]) -
     plain = {}
     for pattern, style in plan.items():
         if isinstance(style, (AsyncColwiseParallel, AsyncRowwiseParallel)):
-            for fqn, module in _matching_modules(model, pattern).items():
+            for fqn, module in modules_matching(model, pattern).items():
                 if type(module) is not nn.Linear and offered_matmuls(module) is None:
                     default = f"{type(module).__name__} has a forward of its own and offers no {ASYNC_TP_MATMULS}"
                     plain[fqn] = getattr(module, ASYNC_TP_UNAVAILABLE, default)
     if plain:
         kept = "; ".join(f"{fqn} ({reason})" for fqn, reason in plain.items())
         logger.warning(f"async TP (titan): {len(plain)} layers keep the plain TP style: {kept}")
-
-
-def _matching_modules(model: nn.Module, pattern: str) -> dict[str, nn.Module]:
-    """The submodules a parallelize_module key names, by FQN (each dot-separated token is an fnmatch)."""
-    found = {"": model}
-    for token in pattern.split("."):
-        found = {
-            f"{prefix}.{name}" if prefix else name: child
-            for prefix, module in found.items()
-            for name, child in module.named_children()
-            if fnmatch(name, token)
-        }
-    return found
 
 
 def _is_foreign_linear_style(style) -> bool:
