@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from titan_parallel.cp.ring_attention import VARIANTS, ring_attention_by_name
 from titan_parallel.cp.ring_comm import cp_group
+from titan_parallel.params.module_patterns import fqn_matches
 
 IMPLEMENTATIONS = ("titan", "torch")
 
@@ -129,7 +130,7 @@ def apply_cp(
         _check_torch_cp(cp_mesh)
     swapped = []
     for fqn, module in list(model.named_modules()):
-        if not any(_matches(pattern, fqn) for pattern in attention_fqns):
+        if not any(fqn_matches(pattern, fqn) for pattern in attention_fqns):
             continue
         is_causal, scale = getattr(module, "is_causal", True), getattr(module, "scale", None)
         if implementation == "torch":
@@ -144,11 +145,6 @@ def apply_cp(
     if not swapped and attention_fqns:
         raise ValueError(f"attention_fqns={attention_fqns} match no module of {type(model).__name__}")
     return swapped
-
-
-def _matches(pattern: str, fqn: str) -> bool:
-    parts, names = pattern.split("."), fqn.split(".")
-    return len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names, strict=True))
 
 
 def _check_torch_cp(cp_mesh) -> None:
