@@ -1,4 +1,5 @@
-"""What a parallelizer needs to know about a model, as plain data.
+"""What a parallelizer needs to know about a model, as plain data, and the tensor-parallel entries every
+model here shares.
 
 titan-parallel takes an nn.Module plus a ModelPlan and knows nothing else about the model.
 """
@@ -55,3 +56,44 @@ class ModelPlan:
     def context_parallel(self) -> bool:
         """Whether the model computes correctly with the sequence split over ranks."""
         return bool(self.attention_fqns)
+
+
+def embedding_and_head_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+    """The tensor-parallel entries of a language model's ends, TorchTitan's: the token embedding row-wise into
+    sequence-sharded activations (Shard(1)), the final norm sequence-parallel, and the output projection
+    column-wise; with loss_parallel the logits stay sharded over the vocabulary for a loss-parallel cross
+    entropy."""
+    # Imported here: model code stays importable and usable without torch.distributed.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+
+
+def feed_forward_tp_plan() -> dict[str, ParallelStyle]:
+    """The entries of a block's SwiGLU (`layers.*.feed_forward`, after `layers.*.ffn_norm`), Megatron-style: the
+    sequence-sharded input all-gathered, w1 / w3 column-wise, w2 row-wise reduce-scattered back over the
+    sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    return {
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.feed_forward.w3": ColwiseParallel(),
+    }

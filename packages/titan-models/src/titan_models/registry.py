@@ -72,56 +72,36 @@ def get_model_spec(name: str) -> ModelSpec:
 
 
 def _register_builtin_models() -> None:
+    from titan_models.decoder import Decoder, flops_per_token
+    from titan_models.deepseek_v3 import FLAVORS as DEEPSEEK_V3_FLAVORS
+    from titan_models.deepseek_v3 import DeepseekV3HFAdapter, deepseek_v3_plan
     from titan_models.hyena import FLAVORS as HYENA_FLAVORS
     from titan_models.hyena import HyenaLM, hyena_plan
     from titan_models.hyena import flops_per_token as hyena_flops_per_token
-    from titan_models.llama3.flavors import FLAVORS
-    from titan_models.llama3.flops import flops_per_token
-    from titan_models.llama3.hf import Llama3HFAdapter
-    from titan_models.llama3.model import Llama3
-    from titan_models.llama3.plan import llama3_plan
-
-    register_model(
-        ModelSpec(
-            name="llama3",
-            flavors=FLAVORS,
-            model_cls=Llama3,
-            plan=llama3_plan,
-            flops_per_token=flops_per_token,
-            hf_adapter=Llama3HFAdapter,
-        )
-    )
+    from titan_models.llama3 import FLAVORS as LLAMA3_FLAVORS
+    from titan_models.llama3 import Llama3HFAdapter, llama3_plan
     from titan_models.qwen3 import FLAVORS as QWEN3_FLAVORS
-    from titan_models.qwen3 import MOE_FLAVORS as QWEN3_MOE_FLAVORS
-    from titan_models.qwen3 import Qwen3HFAdapter, Qwen3MoeHFAdapter, qwen3_plan
+    from titan_models.qwen3 import Qwen3HFAdapter, qwen3_plan
+    from titan_models.qwen3_moe import FLAVORS as QWEN3_MOE_FLAVORS
+    from titan_models.qwen3_moe import Qwen3MoeHFAdapter, qwen3_moe_plan
 
-    for name, flavors, adapter in (
-        ("qwen3", QWEN3_FLAVORS, Qwen3HFAdapter),
-        ("qwen3_moe", QWEN3_MOE_FLAVORS, Qwen3MoeHFAdapter),
+    # One decoder for every family built on it: the flavors' args carry the differences (q/k norm, MLA, experts).
+    for name, flavors, plan, adapter in (
+        ("llama3", LLAMA3_FLAVORS, llama3_plan, Llama3HFAdapter),
+        ("qwen3", QWEN3_FLAVORS, qwen3_plan, Qwen3HFAdapter),
+        ("qwen3_moe", QWEN3_MOE_FLAVORS, qwen3_moe_plan, Qwen3MoeHFAdapter),
+        ("deepseek_v3", DEEPSEEK_V3_FLAVORS, deepseek_v3_plan, DeepseekV3HFAdapter),
     ):
         register_model(
             ModelSpec(
                 name=name,
                 flavors=flavors,
-                model_cls=Llama3,  # the decoder Llama 3 and Qwen3 share; the args carry the differences
-                plan=qwen3_plan,
+                model_cls=Decoder,
+                plan=plan,
                 flops_per_token=flops_per_token,
                 hf_adapter=adapter,
             )
         )
-    from titan_models.deepseek_v3 import FLAVORS as DEEPSEEK_V3_FLAVORS
-    from titan_models.deepseek_v3 import DeepseekV3HFAdapter, deepseek_v3_plan
-
-    register_model(
-        ModelSpec(
-            name="deepseek_v3",
-            flavors=DEEPSEEK_V3_FLAVORS,
-            model_cls=Llama3,  # the shared decoder: MLA and the DeepSeek MoE are fields of its args
-            plan=deepseek_v3_plan,
-            flops_per_token=flops_per_token,
-            hf_adapter=DeepseekV3HFAdapter,
-        )
-    )
     register_model(
         ModelSpec(
             name="hyena",

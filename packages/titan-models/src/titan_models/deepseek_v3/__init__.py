@@ -1,7 +1,7 @@
 """DeepSeek-V3 (DeepSeek-AI, "DeepSeek-V3 Technical Report"): the shared decoder with multi-head latent
-attention (titan_models.mla), YaRN RoPE, and a mixture of experts with sigmoid scores, group-limited routing,
+attention (titan_models.decoder.mla), YaRN RoPE, and a mixture of experts with sigmoid scores, group-limited routing,
 a routed scaling factor, shared experts, dense first layers and auxiliary-loss-free balancing, all declared
-as Llama3Args data."""
+as DecoderArgs data."""
 
 from titan_models.deepseek_v3.flavors import FLAVORS
 from titan_models.deepseek_v3.hf import DeepseekV3HFAdapter

@@ -2,25 +2,26 @@
 TorchTitan trains (DeepSeek-V2-Lite's shape), and small ones for CPU. `hf:<folder>` reads a folder's
 config.json, as for Llama 3.
 
-Parameter counts (titan_models.llama3.flops.count_params; "active" = what one token computes with, the
+Parameter counts (titan_models.decoder.flops.count_params; "active" = what one token computes with, the
 embedding lookup aside, as MFU counts): 671B: 671.03B total, 36.63B active (published: 671B, 37B); 16B:
 15.71B total, 2.45B active (DeepSeek-V2-Lite: 15.7B, 2.4B)."""
 
 from __future__ import annotations
 
+from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.flavors import Flavors
+from titan_models.decoder.mla_args import MLAArgs
+from titan_models.decoder.rope import YarnScaling
 from titan_models.deepseek_v3.hf_config import args_from_hf_config
-from titan_models.llama3.args import Llama3Args, YarnScaling
-from titan_models.llama3.flavors import Flavors
-from titan_models.mla.args import MLAArgs
 from titan_models.moe.args import MoEArgs
 
 # DeepSeek-V3's routing: sigmoid scores renormalised over the top-k, scaled, auxiliary-loss-free balancing.
 _V3_ROUTING = dict(score_func="sigmoid", norm_topk_prob=True, load_balance="aux_loss_free")
 
-FLAVORS: dict[str, Llama3Args] = Flavors(
+FLAVORS: dict[str, DecoderArgs] = Flavors(
     {
         # Every DeepSeek-V3 feature at CPU size: query latent, YaRN, groups, a shared expert, a dense layer 0.
-        "tiny": Llama3Args(
+        "tiny": DecoderArgs(
             dim=64,
             n_layers=4,
             n_heads=4,
@@ -43,7 +44,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
                 **_V3_ROUTING,
             ),
         ),
-        "debug": Llama3Args(
+        "debug": DecoderArgs(
             dim=256,
             n_layers=6,
             n_heads=8,
@@ -67,7 +68,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             ),
         ),
         # TorchTitan's 16B: DeepSeek-V2-Lite's shape and routing (softmax, no renormalisation, no groups).
-        "16B": Llama3Args(
+        "16B": DecoderArgs(
             dim=2048,
             n_layers=27,
             n_heads=16,
@@ -90,7 +91,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
                 load_balance="aux_loss_free",
             ),
         ),
-        "671B": Llama3Args(
+        "671B": DecoderArgs(
             dim=7168,
             n_layers=61,
             n_heads=128,

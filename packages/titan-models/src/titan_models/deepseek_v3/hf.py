@@ -1,13 +1,13 @@
-"""DeepSeek-V3 <-> Hugging Face DeepseekV3ForCausalLM: Llama's mapping (embeddings, norms, dense and sparse
-feed-forward, experts one tensor per expert) with MLA's attention names, the shared experts and the
+"""DeepSeek-V3 <-> Hugging Face DeepseekV3ForCausalLM: the decoder's mapping (embeddings, norms, dense and
+sparse feed-forward, experts one tensor per expert) with MLA's attention names, the shared experts and the
 selection bias (`e_score_correction_bias`: our auxiliary-loss-free `expert_bias`). No rotary permutation:
 DeepSeek's rotary weights are interleaved pairs, as ours are."""
 
 from __future__ import annotations
 
+from titan_models.decoder.hf import DecoderHFAdapter
 from titan_models.deepseek_v3.flavors import FLAVORS
 from titan_models.deepseek_v3.hf_config import ARCHITECTURE, args_from_hf_config, hf_config
-from titan_models.llama3.hf import Llama3HFAdapter
 
 _ATTENTION = {
     "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
@@ -37,7 +37,7 @@ _SHARED = {
 }
 
 
-class DeepseekV3HFAdapter(Llama3HFAdapter):
+class DeepseekV3HFAdapter(DecoderHFAdapter):
     architectures = (ARCHITECTURE,)
     flavors = FLAVORS
     family = "DeepSeek-V3"

@@ -1,4 +1,4 @@
-"""Llama3Args (with MLA and a DeepSeek MoE) <-> a Hugging Face DeepseekV3ForCausalLM config.json."""
+"""DecoderArgs (with MLA and a DeepSeek MoE) <-> a Hugging Face DeepseekV3ForCausalLM config.json."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ from typing import Any
 
 import torch
 
-from titan_models.llama3.args import Llama3Args, YarnScaling
-from titan_models.llama3.hf_config import with_token_ids
-from titan_models.mla.args import MLAArgs
+from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.hf_config import with_token_ids
+from titan_models.decoder.mla_args import MLAArgs
+from titan_models.decoder.rope import YarnScaling
 from titan_models.moe.args import MoEArgs
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 
 
 def hf_config(
-    args: Llama3Args,
+    args: DecoderArgs,
     dtype: torch.dtype | str = torch.bfloat16,
     bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
@@ -79,8 +80,8 @@ def _first_k_dense(moe: MoEArgs) -> int:
     return k
 
 
-def args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
-    """Llama3Args for a DeepseekV3ForCausalLM config.json. The selection bias (e_score_correction_bias) is
+def args_from_hf_config(config: dict[str, Any]) -> DecoderArgs:
+    """DecoderArgs for a DeepseekV3ForCausalLM config.json. The selection bias (e_score_correction_bias) is
     DeepSeek-V3's auxiliary-loss-free balancing, so that is the load balancing the args carry."""
     architectures = config.get("architectures") or []
     if ARCHITECTURE not in architectures:
@@ -105,7 +106,7 @@ def args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
     else:
         raise ValueError(f"config rope_type={rope_type!r} is not supported; expected 'yarn' or 'default'")
     first_dense = config.get("first_k_dense_replace", 0)
-    args = Llama3Args(
+    args = DecoderArgs(
         dim=config["hidden_size"],
         n_layers=config["num_hidden_layers"],
         n_heads=n_heads,

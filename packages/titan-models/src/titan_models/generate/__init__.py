@@ -1,15 +1,19 @@
-"""Generation from a trained model: Llama 3 with a KV cache, Hyena with exact online long convolutions.
+"""Generation from a trained model: the decoder (Llama 3, Qwen3, ...) with a KV cache, Hyena with exact online
+long convolutions.
 
     tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, seed=0,
                       strategy="flash")     # Hyena: "lazy" | "eager" | "flash"
     rows = generate(model, [prompt_a, prompt_b], max_new_tokens=64)  # any lengths; each row as if alone
+
+    for tokens in generate_tokens(model, prompt, max_new_tokens=64):  # prompt [B, P]; tokens [B] per step
+        ...
 
 Lower level: build_decoder(model, max_len) -> decoder.prefill(tokens) / decoder.step(token) -> logits.
 """
 
 from titan_models.generate.hyena_decode import HyenaDecoder
 from titan_models.generate.llama_decode import LlamaDecoder
-from titan_models.generate.loop import build_decoder, generate
+from titan_models.generate.loop import GenerationOptions, build_decoder, generate, generate_tokens
 from titan_models.generate.online_conv import STRATEGIES, EagerConv, FlashConv, LazyConv, make_online_conv
 from titan_models.generate.sampling import sample_next
 from titan_models.generate.tiling import TileKernels, tiles
@@ -18,12 +22,14 @@ __all__ = [
     "STRATEGIES",
     "EagerConv",
     "FlashConv",
+    "GenerationOptions",
     "HyenaDecoder",
     "LazyConv",
     "LlamaDecoder",
     "TileKernels",
     "build_decoder",
     "generate",
+    "generate_tokens",
     "make_online_conv",
     "sample_next",
     "tiles",

@@ -1,4 +1,5 @@
-"""Incremental Llama 3 decoding with a KV cache, using a Llama3's weights as they are.
+"""Incremental decoding of the decoder (Llama 3, Qwen3, Qwen3-MoE, DeepSeek-V3) with a KV cache, using its
+weights as they are.
 
 The training forward (model.py) stays as it is; this walks the same modules, keeping each layer's rotated
 keys and values so a new token attends to the cache instead of recomputing the prefix. Multi-head latent
@@ -11,17 +12,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from titan_models.llama3.model import Llama3, repeat_kv
-from titan_models.llama3.rope import precompute_freqs_cis
+from titan_models.decoder.attention import repeat_kv
+from titan_models.decoder.model import Decoder
+from titan_models.decoder.rope import precompute_freqs_cis
 
 
 class LlamaDecoder:
-    """KV-cache state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) Llama3.
+    """KV-cache state for `batch_size` sequences of up to `max_len` tokens of a whole (unsharded) Decoder.
 
     prefill(tokens [B, P]) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new token.
     """
 
-    def __init__(self, model: Llama3, max_len: int, batch_size: int = 1):
+    def __init__(self, model: Decoder, max_len: int, batch_size: int = 1):
         if model.tok_embeddings is None or model.output is None:
             raise ValueError("LlamaDecoder needs the whole model; this one is a pipeline stage")
         args = model.args

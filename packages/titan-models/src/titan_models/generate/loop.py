@@ -1,29 +1,31 @@
-"""generate(): prompts in, new tokens out, for any registered model family with a decoder."""
+"""generate(): prompts in, new tokens out, for any registered model family with a decoder; generate_tokens(): the
+same loop, one step's tokens at a time (what a streaming caller reads)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from titan_models.decoder.model import Decoder
 from titan_models.generate.hyena_decode import HyenaDecoder
 from titan_models.generate.llama_decode import LlamaDecoder
 from titan_models.generate.sampling import sample_next
 from titan_models.hyena.model import HyenaLM
-from titan_models.llama3.model import Llama3
 
 
 def build_decoder(
     model: nn.Module, max_len: int, batch_size: int = 1, strategy: str = "flash"
 ) -> HyenaDecoder | LlamaDecoder:
-    """The incremental decoder for `model`: a KV cache for Llama 3, online long convolutions for Hyena
-    (strategy "lazy", "eager" or "flash"; Llama ignores it)."""
+    """The incremental decoder for `model`: a KV cache for the decoder (Llama 3, Qwen3, ...), online long
+    convolutions for Hyena (strategy "lazy", "eager" or "flash"; the KV cache ignores it)."""
     if isinstance(model, HyenaLM):
         return HyenaDecoder(model, max_len, strategy=strategy, batch_size=batch_size)
-    if isinstance(model, Llama3):
+    if isinstance(model, Decoder):
         return LlamaDecoder(model, max_len, batch_size=batch_size)
-    raise TypeError(f"no decoder for {type(model).__name__}; generation supports HyenaLM and Llama3")
+    raise TypeError(f"no decoder for {type(model).__name__}; generation supports HyenaLM and Decoder (Llama3)")
 
 
 def left_pad(
@@ -76,25 +78,48 @@ def generate(
     so cut each row after its first eos_id. Returns the new tokens: [n] for a 1-D prompt, [B, n] for a batch.
     """
     prompt, valid, single = left_pad(prompt_ids)
+    options = GenerationOptions(temperature, top_k, seed, strategy, eos_id)
+    out = torch.stack(list(generate_tokens(model, prompt, max_new_tokens, options, valid)), dim=1)
+    return out[0] if single else out
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How generation picks each token and when it stops: generate()'s keyword arguments of the same names."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    seed: int = 0
+    strategy: str = "flash"
+    eos_id: int | None = None
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    options: GenerationOptions = GenerationOptions(),  # noqa: B008 (frozen: one shared default is safe)
+    valid: torch.Tensor | None = None,
+) -> Iterator[torch.Tensor]:
+    """generate()'s loop: yields each step's new tokens [B] for the prompts [B, P] (token ids; `valid` [B, P]
+    False at left padding), up to max_new_tokens steps, stopping once every row has produced options.eos_id."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     device = next(model.parameters()).device
     prompt = prompt.to(device)
     valid = None if valid is None else valid.to(device)
     rows = prompt.shape[0]
-    decoder = build_decoder(model, prompt.shape[1] + max_new_tokens, rows, strategy)
-    generators = [torch.Generator(device=device).manual_seed(seed) for _ in range(rows)]
+    decoder = build_decoder(model, prompt.shape[1] + max_new_tokens, rows, options.strategy)
+    generators = [torch.Generator(device=device).manual_seed(options.seed) for _ in range(rows)]
     logits = decoder.prefill(prompt, valid=valid)[:, -1]
-    new_tokens = []
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     for n in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_k, generators)
-        new_tokens.append(token)
-        if eos_id is not None:
-            done |= token == eos_id
+        token = sample_next(logits, options.temperature, options.top_k, generators)
+        yield token
+        if options.eos_id is not None:
+            done |= token == options.eos_id
             if bool(done.all()):
-                break
+                return
         if n + 1 < max_new_tokens:
             logits = decoder.step(token)
-    out = torch.stack(new_tokens, dim=1)
-    return out[0] if single else out

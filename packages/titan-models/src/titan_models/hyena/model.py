@@ -11,9 +11,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from titan_models.decoder.feed_forward import FeedForward
+from titan_models.decoder.layers import RMSNorm
 from titan_models.hyena.args import HyenaArgs
 from titan_models.hyena.filter import ImplicitFilter, ShortConv, fft_causal_conv
-from titan_models.llama3.model import FeedForward, RMSNorm
 from titan_models.seeded_init import SeededInit
 
 LongConv = Callable[[int, torch.Tensor], torch.Tensor]

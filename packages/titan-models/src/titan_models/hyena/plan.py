@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from titan_models.hyena.args import HyenaArgs
-from titan_models.plan import ModelPlan
+from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
 from titan_models.tp_styles import ChannelShard
 
 if TYPE_CHECKING:
@@ -32,32 +32,17 @@ if TYPE_CHECKING:
 def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle | ChannelShard]:
     """Tensor + sequence parallel plan, keyed by FQN pattern (see the module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        ),
+        **embedding_and_head_tp_plan(loss_parallel),
         "layers.*.mixer_norm": SequenceParallel(),
         "layers.*.mixer": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "layers.*.mixer.in_proj": ColwiseParallel(),
         "layers.*.mixer.short_filter": ChannelShard(("weight", "bias")),
         "layers.*.mixer.filter": ChannelShard(("out.weight", "skip", "decay_rates")),
         "layers.*.mixer.out_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "layers.*.ffn_norm": SequenceParallel(),
-        "layers.*.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "layers.*.feed_forward.w1": ColwiseParallel(),
-        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "layers.*.feed_forward.w3": ColwiseParallel(),
+        **feed_forward_tp_plan(),
     }
 
 

@@ -7,55 +7,22 @@ Besides the names, `hf:<folder>` is the shape a Hugging Face folder's config.jso
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
-from titan_models.llama3.args import Llama3Args, RopeScaling
+from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.flavors import HF_PREFIX, Flavors  # noqa: F401 (here before 0.16; kept until 0.17)
+from titan_models.decoder.rope import RopeScaling
 from titan_models.llama3.hf_config import args_from_hf_config
 
-HF_PREFIX = "hf:"
-
-
-def _hf_config_file(flavor: object) -> Path | None:
-    if not isinstance(flavor, str) or not flavor.startswith(HF_PREFIX):
-        return None
-    file = Path(flavor[len(HF_PREFIX) :]).expanduser() / "config.json"
-    return file if file.is_file() else None
-
-
-class Flavors(dict):
-    """The named flavors; `hf:<folder>` keys are read from the folder's config.json on lookup (they are
-    neither stored nor listed) by `read_config` (config.json -> args; Llama 3's unless given)."""
-
-    def __init__(self, flavors: dict, read_config=args_from_hf_config, family: str = "Llama 3"):
-        super().__init__(flavors)
-        self.read_config, self.family = read_config, family
-
-    def __contains__(self, flavor: object) -> bool:
-        return super().__contains__(flavor) or _hf_config_file(flavor) is not None
-
-    def __getitem__(self, flavor: str) -> Llama3Args:
-        if super().__contains__(flavor):
-            return super().__getitem__(flavor)
-        file = _hf_config_file(flavor)
-        if file is None:
-            raise KeyError(flavor)
-        try:
-            return self.read_config(json.loads(file.read_text()))
-        except (ValueError, KeyError) as e:
-            raise ValueError(f"{file} does not describe a {self.family} model this package builds: {e}") from e
-
-
-FLAVORS: dict[str, Llama3Args] = Flavors(
+FLAVORS: dict[str, DecoderArgs] = Flavors(
     {
         # Small enough for multi-process CPU tests; n_kv_heads < n_heads so GQA paths are exercised; 4 layers so
         # two pipeline ranks can hold two stages each.
-        "tiny": Llama3Args(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=2048, max_seq_len=512),
+        "tiny": DecoderArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=2048, max_seq_len=512),
         # tiny, deeper and wider in heads: 8 blocks for 4 pipeline ranks of 2 stages, 4 kv heads for TP 4.
-        "tiny8": Llama3Args(dim=64, n_layers=8, n_heads=8, n_kv_heads=4, vocab_size=2048, max_seq_len=512),
+        "tiny8": DecoderArgs(dim=64, n_layers=8, n_heads=8, n_kv_heads=4, vocab_size=2048, max_seq_len=512),
         # tiny in the Llama 3.1 style (RoPE scaling) and the 3.2 style (scaling and tied embeddings), scaled to
         # short contexts so the scaling changes frequencies the tests' sequences reach.
-        "tiny-3.1": Llama3Args(
+        "tiny-3.1": DecoderArgs(
             dim=64,
             n_layers=4,
             n_heads=4,
@@ -65,9 +32,9 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=128),
         ),
         # TorchTitan's debugmodel: the model the integration tests train.
-        "debug": Llama3Args(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000),
+        "debug": DecoderArgs(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000),
         # Llama 3.2 1B / 3B: tied embeddings, RoPE scaled 32x from an 8192-token pre-training context.
-        "1B": Llama3Args(
+        "1B": DecoderArgs(
             dim=2048,
             n_layers=16,
             n_heads=32,
@@ -79,7 +46,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             max_seq_len=131072,
             tie_word_embeddings=True,
         ),
-        "3B": Llama3Args(
+        "3B": DecoderArgs(
             dim=3072,
             n_layers=28,
             n_heads=24,
@@ -91,7 +58,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             max_seq_len=131072,
             tie_word_embeddings=True,
         ),
-        "8B": Llama3Args(
+        "8B": DecoderArgs(
             dim=4096,
             n_layers=32,
             n_heads=32,
@@ -103,7 +70,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             rope_scaling=RopeScaling(),
             max_seq_len=131072,
         ),
-        "70B": Llama3Args(
+        "70B": DecoderArgs(
             dim=8192,
             n_layers=80,
             n_heads=64,
@@ -115,7 +82,7 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             rope_scaling=RopeScaling(),
             max_seq_len=131072,
         ),
-        "405B": Llama3Args(
+        "405B": DecoderArgs(
             dim=16384,
             n_layers=126,
             n_heads=128,
@@ -127,6 +94,8 @@ FLAVORS: dict[str, Llama3Args] = Flavors(
             rope_scaling=RopeScaling(),
             max_seq_len=131072,
         ),
-    }
+    },
+    read_config=args_from_hf_config,
+    family="Llama 3",
 )
 FLAVORS["tiny-3.2"] = dataclasses.replace(FLAVORS["tiny-3.1"], tie_word_embeddings=True)

@@ -1,6 +1,6 @@
-"""Multi-head latent attention (DeepSeek-V2 / V3): keys and values through a low-rank latent. The module
-itself is `titan_models.mla.attention.MultiHeadLatentAttention`, which the decoder builds from its args."""
+"""Multi-head latent attention moved into the decoder in 0.16 (titan_models.decoder.mla, its args
+titan_models.decoder.mla_args); this package is kept until 0.17 so existing imports work."""
 
-from titan_models.mla.args import MLAArgs
+from titan_models.decoder.mla_args import MLAArgs
 
 __all__ = ["MLAArgs"]

@@ -1,5 +1,6 @@
-"""Qwen3 and Qwen3-MoE (Qwen team, "Qwen3 Technical Report"): Llama 3's decoder with per-head q/k RMSNorm,
-a head width of its own, and (MoE) sparse feed-forward layers, declared as Llama3Args data."""
+"""Qwen3 (Qwen team, "Qwen3 Technical Report"): the decoder with per-head q/k RMSNorm and a head width of its own,
+declared as DecoderArgs data. Qwen3-MoE is titan_models.qwen3_moe; its names here (MOE_FLAVORS,
+Qwen3MoeHFAdapter) are kept until 0.17."""
 
 from titan_models.qwen3.flavors import FLAVORS, MOE_FLAVORS
 from titan_models.qwen3.hf import Qwen3HFAdapter, Qwen3MoeHFAdapter

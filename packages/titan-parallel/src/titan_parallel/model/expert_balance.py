@@ -2,11 +2,13 @@
 each step's tokens per expert summed over the data-parallel ranks (for auxiliary-loss-free balancing and the
 imbalance a run reports), and the auxiliary loss averaged like the training loss.
 
-A model part takes part by implementing (titan_models' decoder does):
-    moe_layers() -> {name: layer}    its mixture-of-experts layers (none: nothing to balance)
+A model part takes part by owning a routing ledger as `part.routing` (titan_models' decoder does: a
+titan_models.moe.RoutingLedger; None or absent: the part routes nothing), an object with:
+    layers() -> {name: layer}        its mixture-of-experts layers (none: nothing to balance)
     set_loss_weight(weight)          the gradient weight of one unit of the next forwards' training loss
-    take_routing_stats() -> (tokens per expert [moe layers, experts] or None, aux loss sum, forwards)
+    take() -> (tokens per expert [moe layers, experts] or None, aux loss sum, forwards), since the last take
     update_expert_bias(load)         move the selection biases against the step's global load
+    aux_loss                         the last forward's auxiliary loss; None when the model trains none
 """
 
 from __future__ import annotations
@@ -32,35 +34,37 @@ class RoutingReport:
     """[this rank's MoE layers, experts]: the step's counts over every data rank and micro-batch."""
 
 
-def routed_parts(parts: list[nn.Module]) -> list[nn.Module]:
-    return [part for part in parts if hasattr(part, "take_routing_stats")]
+def routing_ledgers(parts: list[nn.Module]) -> list:
+    """The routing ledgers of the parts that keep one."""
+    ledgers = (getattr(part, "routing", None) for part in parts)
+    return [ledger for ledger in ledgers if ledger is not None]
 
 
 def routes_experts(parts: list[nn.Module]) -> bool:
     """Whether any of these parts holds a mixture-of-experts layer."""
-    return any(part.moe_layers() for part in routed_parts(parts))
+    return any(ledger.layers() for ledger in routing_ledgers(parts))
 
 
 def set_loss_weight(parts: list[nn.Module], weight: float) -> None:
-    for part in routed_parts(parts):
-        part.set_loss_weight(weight)
+    for ledger in routing_ledgers(parts):
+        ledger.set_loss_weight(weight)
 
 
 def balance_experts(parts: list[nn.Module], data_mesh: DeviceMesh | None, gather_over_stages) -> RoutingReport:
     """After an optimizer step: sum each part's tokens per expert over the data ranks (`data_mesh`: those
     holding different tokens), update the selection biases from it, and report. A collective on every rank,
     called where some pipeline stage routes experts (routes_experts, over the stages), on every stage alike."""
-    stats = [(part, *part.take_routing_stats()) for part in routed_parts(parts)]
+    stats = [(ledger, *ledger.take()) for ledger in routing_ledgers(parts)]
     stats = [entry for entry in stats if entry[1] is not None]
     loads, aux_sum, forwards, trains_aux = [], 0.0, 0, False
     spread = data_mesh is not None and data_mesh.size() > 1
-    for part, load, part_aux, part_forwards in stats:
+    for ledger, load, part_aux, part_forwards in stats:
         if spread:
             dist.all_reduce(load, group=data_mesh.get_group())
-        part.update_expert_bias(load)
+        ledger.update_expert_bias(load)
         loads.append(load)
         aux_sum, forwards = aux_sum + part_aux, max(forwards, part_forwards)
-        trains_aux = trains_aux or getattr(part, "aux_loss", None) is not None
+        trains_aux = trains_aux or ledger.aux_loss is not None
     aux = aux_sum / forwards if forwards else 0.0
     imbalance = 0.0
     if loads:  # this stage's data ranks all hold MoE layers, or none does

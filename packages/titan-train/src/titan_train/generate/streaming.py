@@ -1,7 +1,7 @@
 """Tokens printed as they are generated (titan-generate with one prompt).
 
-`stream_tokens` is `titan_models.generate.generate` one token at a time: the same decoder, sampling and
-generator, so the same seed gives the same tokens. `write_stream` prints the text they add as it grows,
+`stream_tokens` is `titan_models.generate.generate` one token at a time (its loop, `generate_tokens`), so the
+same seed gives the same tokens. `write_stream` prints the text they add as it grows,
 holding back a piece that ends inside a UTF-8 character (byte-level tokens can split one).
 """
 
@@ -26,22 +26,12 @@ def stream_tokens(
     eos_id: int | None = None,
 ) -> Iterator[int]:
     """Yield up to max_new_tokens new token ids for one prompt, stopping after eos_id."""
-    from titan_models.generate import build_decoder, sample_next
+    from titan_models.generate import GenerationOptions, generate_tokens
 
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    device = next(model.parameters()).device
-    prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long, device=device).reshape(1, -1)
-    decoder = build_decoder(model, prompt.shape[1] + max_new_tokens, 1, strategy)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    logits = decoder.prefill(prompt)[:, -1]
-    for n in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_k, generator)
+    prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long).reshape(1, -1)
+    options = GenerationOptions(temperature, top_k, seed, strategy, eos_id)
+    for token in generate_tokens(model, prompt, max_new_tokens, options):
         yield int(token[0])
-        if eos_id is not None and int(token[0]) == eos_id:
-            return
-        if n + 1 < max_new_tokens:
-            logits = decoder.step(token)
 
 
 def write_stream(tokens: Iterator[int], decode, out: TextIO) -> list[int]:

@@ -1,0 +1,166 @@
+"""The decoder's hyperparameters: one dataclass, validated before any module is built. Every family built on
+the decoder (Llama 3, Qwen3, Qwen3-MoE, DeepSeek-V3) is a set of these args."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan_models.decoder.mla_args import MLAArgs
+from titan_models.decoder.rope import RopeScaling, YarnScaling
+from titan_models.moe.args import MoEArgs
+
+
+@dataclass
+class DecoderArgs:
+    """Shape of a decoder: Llama 3's, and the variations the other families declare as data (Qwen3: per-head
+    q/k norm and its own head width; Qwen3-MoE: sparse feed-forward layers; DeepSeek-V3: multi-head latent
+    attention, YaRN and a DeepSeek MoE). Field names follow Meta's reference and TorchTitan.
+
+    Published as `Llama3Args` too (titan_models.llama3), the name flavor tables and checkpoints' configs
+    use; so its errors name it `Llama3Args.<field>`."""
+
+    dim: int = 4096
+    """Width of the residual stream (hidden size)."""
+    n_layers: int = 32
+    """Number of transformer blocks."""
+    n_heads: int = 32
+    """Number of query heads; head_dim = dim // n_heads."""
+    n_kv_heads: int | None = None
+    """Number of key/value heads (grouped-query attention); None means n_heads (plain multi-head)."""
+    vocab_size: int = 128256
+    """Rows of the token embedding and of the output projection."""
+    multiple_of: int = 256
+    """The SwiGLU hidden size is rounded up to a multiple of this (hardware-friendly shapes)."""
+    ffn_dim_multiplier: float | None = None
+    """Scales the SwiGLU hidden size int(8 * dim / 3) before rounding; None means 1."""
+    ffn_hidden_dim: int | None = None
+    """Explicit SwiGLU hidden size, overriding multiple_of / ffn_dim_multiplier (set when importing a
+    Hugging Face config, which stores only the resulting intermediate_size)."""
+    norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm."""
+    rope_theta: float = 500000.0
+    """RoPE base: the angle of pair i at position p is p * rope_theta ** (-2i / head_dim)."""
+    rope_scaling: RopeScaling | YarnScaling | None = None
+    """Llama 3.1 long-context frequency scaling, or YaRN's (DeepSeek-V3); None for plain RoPE."""
+    max_seq_len: int = 2048
+    """Length of the precomputed RoPE table; positions must be smaller than this."""
+    tie_word_embeddings: bool = False
+    """The output projection reuses the token embedding matrix (Llama 3.2 1B / 3B): one parameter, read
+    by both, its gradient the sum of both uses."""
+    attention_head_dim: int | None = None
+    """Width of each attention head; None means dim // n_heads (Llama 3). Qwen3 sets it on its own (e.g. 128
+    with dim 1024 and 16 heads)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key, before RoPE (Qwen3)."""
+    mla: MLAArgs | None = None
+    """Multi-head latent attention (DeepSeek-V2 / V3) instead of grouped-query attention; n_kv_heads,
+    attention_head_dim and qk_norm then do not apply."""
+    moe: MoEArgs | None = None
+    """Mixture-of-experts feed-forward layers (which ones: moe.sparse_step and moe.dense_layers); None: every
+    layer is a dense SwiGLU."""
+    depth_init: bool = True
+    """If True the output projections of block i use std 0.02 / sqrt(2 * (i + 1)); if False every block
+    uses 0.02 / sqrt(2 * n_layers). Both keep the residual stream's variance from growing with depth."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_dim or self.dim // self.n_heads
+
+    @property
+    def rope_head_dim(self) -> int:
+        """Width of the part of a head RoPE rotates: the whole head, or MLA's rotary part."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+
+    def is_sparse(self, layer_id: int) -> bool:
+        """Whether block `layer_id` holds a mixture of experts instead of a dense SwiGLU."""
+        return self.moe is not None and self.moe.is_sparse(layer_id)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """n_kv_heads, or n_heads when n_kv_heads is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        """SwiGLU hidden size. 8 * dim / 3 keeps the parameter count of a 4 * dim two-matrix MLP
+        with three matrices (Shazeer, "GLU Variants Improve Transformer")."""
+        if self.ffn_hidden_dim is not None:
+            return self.ffn_hidden_dim
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that cannot build a model."""
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Llama3Args.{name}={value!r} must be a positive integer")
+        if self.n_kv_heads is not None and (
+            not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool) or self.n_kv_heads <= 0
+        ):
+            raise ValueError(
+                f"Llama3Args.n_kv_heads={self.n_kv_heads!r} must be a positive integer or None (= n_heads)"
+            )
+        if self.attention_head_dim is not None and (
+            not isinstance(self.attention_head_dim, int) or self.attention_head_dim <= 0
+        ):
+            raise ValueError(
+                f"Llama3Args.attention_head_dim={self.attention_head_dim!r} must be a positive integer or None"
+            )
+        if self.attention_head_dim is None and self.dim % self.n_heads:
+            raise ValueError(
+                f"Llama3Args.dim={self.dim} is not divisible by n_heads={self.n_heads}; dim must be n_heads * head_dim"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"Llama3Args.dim={self.dim} with n_heads={self.n_heads} gives an odd "
+                f"head_dim={self.head_dim}; RoPE rotates pairs, so head_dim must be even"
+            )
+        if self.n_heads % self.num_kv_heads:
+            raise ValueError(
+                f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
+                f"each key/value head must serve the same number of query heads"
+            )
+        if self.mla is not None:
+            if not isinstance(self.mla, MLAArgs):
+                raise ValueError(f"Llama3Args.mla={self.mla!r} must be an MLAArgs or None")
+            self.mla.validate("Llama3Args.mla")
+        if self.moe is not None:
+            if not isinstance(self.moe, MoEArgs):
+                raise ValueError(f"Llama3Args.moe={self.moe!r} must be a MoEArgs or None")
+            self.moe.validate("Llama3Args.moe")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"Llama3Args.tie_word_embeddings={self.tie_word_embeddings!r} must be true or false")
+        if self.ffn_dim_multiplier is not None and not self.ffn_dim_multiplier > 0:
+            raise ValueError(f"Llama3Args.ffn_dim_multiplier={self.ffn_dim_multiplier!r} must be > 0 or None")
+        if self.ffn_hidden_dim is not None and (not isinstance(self.ffn_hidden_dim, int) or self.ffn_hidden_dim <= 0):
+            raise ValueError(f"Llama3Args.ffn_hidden_dim={self.ffn_hidden_dim!r} must be a positive integer or None")
+        if not self.norm_eps > 0:
+            raise ValueError(f"Llama3Args.norm_eps={self.norm_eps!r} must be > 0")
+        if not self.rope_theta > 0:
+            raise ValueError(f"Llama3Args.rope_theta={self.rope_theta!r} must be > 0")
+        scaling = self.rope_scaling
+        if isinstance(scaling, YarnScaling):
+            if not scaling.factor > 0 or scaling.original_max_position_embeddings <= 0:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling={scaling}: factor and original_max_position_embeddings must be > 0"
+                )
+            if not scaling.beta_fast > scaling.beta_slow > 0:
+                raise ValueError(f"Llama3Args.rope_scaling={scaling}: need beta_fast > beta_slow > 0")
+        elif scaling is not None:
+            if not isinstance(scaling, RopeScaling):
+                raise ValueError(f"Llama3Args.rope_scaling={scaling!r} must be a RopeScaling, a YarnScaling or None")
+            if not scaling.factor > 0:
+                raise ValueError(f"Llama3Args.rope_scaling.factor={scaling.factor!r} must be > 0")
+            if not 0 < scaling.low_freq_factor < scaling.high_freq_factor:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling: need 0 < low_freq_factor < high_freq_factor, got "
+                    f"low_freq_factor={scaling.low_freq_factor}, high_freq_factor={scaling.high_freq_factor}"
+                )
+            if scaling.original_max_position_embeddings <= 0:
+                raise ValueError(
+                    f"Llama3Args.rope_scaling.original_max_position_embeddings="
+                    f"{scaling.original_max_position_embeddings!r} must be > 0"
+                )

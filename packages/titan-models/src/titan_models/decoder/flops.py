@@ -1,0 +1,70 @@
+"""The decoder's parameter counts and training FLOPs per token, for MFU."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from titan_models.decoder.args import DecoderArgs
+
+
+def num_params(model: nn.Module, exclude_embedding: bool = True) -> int:
+    """Parameters of `model` (works on the meta device and on DTensors, whose numel is global).
+
+    The token embedding is a lookup, not a matmul, so it is excluded from FLOP estimates by default; the
+    output projection is a matmul and is counted (a tied one once, as the output projection).
+    """
+    total = sum(p.numel() for p in model.parameters())
+    embeddings, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    tied = embeddings is not None and output is not None and output.weight is embeddings.weight
+    if exclude_embedding and embeddings is not None and not tied:
+        total -= embeddings.weight.numel()
+    return total
+
+
+def count_params(args: DecoderArgs, exclude_embedding: bool = True, active: bool = False) -> int:
+    """num_params of Decoder(args), from the shapes alone. active: count only what one token computes with
+    (in a sparse layer the router, top_k routed experts and the shared experts), as MFU needs."""
+    attention = _attention_params(args)
+    norms = 2 * args.dim
+    total = args.dim + args.vocab_size * args.dim
+    for layer_id in range(args.n_layers):
+        total += attention + norms + _feed_forward_params(args, layer_id, active)
+    if not exclude_embedding and not args.tie_word_embeddings:
+        total += args.vocab_size * args.dim
+    return total
+
+
+def _attention_params(args: DecoderArgs) -> int:
+    mla = args.mla
+    if mla is None:
+        q_dim, kv_dim = args.n_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        return 2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0)
+    q_width = args.n_heads * mla.qk_head_dim
+    queries = args.dim * q_width if mla.q_lora_rank is None else mla.q_lora_rank * (args.dim + 1 + q_width)
+    keys_values = args.dim * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+    keys_values += mla.kv_lora_rank * args.n_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return queries + keys_values + args.n_heads * mla.v_head_dim * args.dim
+
+
+def _feed_forward_params(args: DecoderArgs, layer_id: int, active: bool) -> int:
+    if not args.is_sparse(layer_id):
+        return 3 * args.dim * args.hidden_dim
+    moe = args.moe
+    routed = moe.top_k if active else moe.num_experts
+    return args.dim * moe.num_experts + 3 * args.dim * moe.hidden_dim * (routed + moe.num_shared_experts)
+
+
+def flops_per_token(args: DecoderArgs, seq_len: int) -> int:
+    """Training FLOPs per token: 6 * N + 6 * n_layers * n_heads * (qk_head_dim + v_head_dim) * seq_len (12 *
+    n_layers * n_heads * head_dim * seq_len where queries, keys and values share one head width).
+
+    6 * N (N = non-embedding parameters a token is computed with: a mixture of experts counts its active
+    experts only, so MFU is not inflated by experts a token never visits): each weight does one
+    multiply-add (2 FLOPs) per token in the forward pass and two in the backward pass (gradients w.r.t.
+    inputs and weights). The second term is the attention scores (QK^T) and weighted values (AV), which
+    have no parameters: n_heads * (qk_head_dim + v_head_dim) * seq_len multiply-adds per token per layer,
+    times 3 for fwd + bwd, times 2 FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022,
+    appendix B) and TorchTitan.
+    """
+    qk, v = (args.mla.qk_head_dim, args.mla.v_head_dim) if args.mla is not None else (args.head_dim, args.head_dim)
+    return 6 * count_params(args, active=True) + 6 * args.n_layers * args.n_heads * (qk + v) * seq_len

@@ -1,0 +1,147 @@
+"""The decoder as a plain nn.Module: no parallelism here (see plan.py for how it is split). Llama 3, Qwen3,
+Qwen3-MoE and DeepSeek-V3 are all this model, built from different args (args.py).
+
+Module names mirror TorchTitan's (and Meta's) so checkpoints and plans map by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.block import TransformerBlock
+from titan_models.decoder.layers import RMSNorm
+from titan_models.decoder.rope import precompute_freqs_cis
+from titan_models.moe import MoE
+from titan_models.moe.routing_ledger import RoutingLedger, RoutingStats
+from titan_models.seeded_init import SeededInit
+
+
+class Decoder(nn.Module):
+    """The decoder: token embedding -> n_layers x TransformerBlock -> RMSNorm -> output projection.
+
+    Pipeline stages delete what they do not own: entries of `layers` (a ModuleDict keyed "0".."n-1", so
+    the remaining keys keep their global numbers) and `tok_embeddings` / `norm` / `output` set to None.
+    Without tok_embeddings the input is already hidden states; without output the result is.
+
+    `routing` is the model's RoutingLedger (titan_models.moe) when its args declare a mixture of experts, None
+    otherwise: the auxiliary loss, the expert loads and the routing statistics a trainer reads.
+    """
+
+    def __init__(self, args: DecoderArgs):
+        super().__init__()
+        args.validate()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        # Not persistent: derived from args, recomputed by init_weights, never checkpointed.
+        self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+        self.positions: torch.Tensor | None = None
+        self.routing = RoutingLedger(args.moe, self.layers) if args.moe is not None else None
+
+    def tie_weights(self) -> None:
+        """With args.tie_word_embeddings, make output.weight the embedding's own parameter. Called again by
+        init_weights, once the model is parallelized and materialized: to_empty() and tensor parallelism
+        give each module a tensor of its own (TP shards both alike, over the vocabulary)."""
+        if not self.args.tie_word_embeddings:
+            return
+        if (self.tok_embeddings is None) != (self.output is None):
+            # A pipeline split put them in different stages: each stage would train its own copy.
+            raise ValueError(
+                "Llama3Args.tie_word_embeddings=True needs the token embedding and the output projection in "
+                "one pipeline stage, but this part holds only one of them; train a tied model without pipeline "
+                "parallelism (parallelism.pipeline_parallel_degree = 1)"
+            )
+        if self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def set_positions(self, positions: torch.Tensor | None) -> None:
+        """The global positions of the tokens this model will be given, [seqlen], when it sees a slice of
+        each sequence (context parallelism: set once, before training); None means 0..seqlen-1.
+        A plain attribute, not a buffer: it is neither checkpointed nor touched by to_empty()."""
+        self.positions = positions
+
+    def _precompute_freqs_cis(self, device: torch.device | str | None = None) -> torch.Tensor:
+        args = self.args
+        return precompute_freqs_cis(args.rope_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device)
+
+    def init_weights(self, buffer_device: torch.device | str | None = None, seed: int | None = None) -> None:
+        """Recompute freqs_cis and initialize every parameter this (possibly partial) model holds.
+
+        Call after `to_empty()`. Each parameter is drawn from a generator seeded by (seed, its name)
+        -- see titan_models.seeded_init -- so the weights depend only on the seed and the device type,
+        never on the number of devices, the pipeline split or the sharding. seed defaults to
+        torch.initial_seed(), i.e. the value given to torch.manual_seed; distributed callers must seed
+        every rank alike.
+        """
+        buffer_device = buffer_device or self.freqs_cis.device
+        self.freqs_cis = self._precompute_freqs_cis(buffer_device)
+        self.tie_weights()
+
+        init = SeededInit(self, torch.initial_seed() if seed is None else seed)
+        # A tied matrix is drawn once, as the output projection: std 1 would make the logits huge.
+        if self.tok_embeddings is not None and not self.args.tie_word_embeddings:
+            init.normal_(self.tok_embeddings.weight, std=1.0)
+        for layer in self.layers.values():
+            layer.init_weights(init)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        output = self.output or (self.tok_embeddings if self.args.tie_word_embeddings else None)
+        if output is not None:
+            std = self.args.dim**-0.5
+            init.trunc_normal_(output.weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
+
+        positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
+        the sequence (context parallelism) or positions restart per document; RoPE follows them. None means
+        those of `set_positions`, by default 0..seqlen-1.
+        document_ids: optional [bs, seqlen] document of each token (packed sequences): attention is then
+        block-causal, a token attends only to earlier tokens of its own document.
+        Returns logits [bs, seqlen, vocab_size], or hidden states when output is None.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        positions = self.positions if positions is None else positions
+        freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
+        routings = []
+        for layer in self.layers.values():
+            h, routed = layer(h, freqs_cis, document_ids=document_ids)
+            if routed is not None:
+                routings.append(routed)
+        h = self.routing.read(h, routings) if self.routing is not None else h
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    # Kept for compatibility (before 0.16 the decoder carried its routing bookkeeping itself): thin delegations
+    # to `routing`, the RoutingLedger, which is what a trainer should read.
+
+    @property
+    def aux_loss(self) -> torch.Tensor | None:
+        """The last forward's auxiliary loss (routing.aux_loss); None without one."""
+        return self.routing.aux_loss if self.routing is not None else None
+
+    def moe_layers(self) -> dict[str, MoE]:
+        """The mixture-of-experts layers this (possibly partial) model holds, by block key (routing.layers())."""
+        return self.routing.layers() if self.routing is not None else {}
+
+    def set_loss_weight(self, weight: float) -> None:
+        """routing.set_loss_weight: the gradient weight of one unit of the next forwards' training loss."""
+        if self.routing is not None:
+            self.routing.set_loss_weight(weight)
+
+    def take_routing_stats(self) -> RoutingStats:
+        """routing.take(): (tokens per expert [moe layers, experts] or None, aux loss sum, forwards) since the
+        last call."""
+        return self.routing.take() if self.routing is not None else RoutingStats(None, 0.0, 0)
+
+    def update_expert_bias(self, load: torch.Tensor) -> None:
+        """routing.update_expert_bias: auxiliary-loss-free balancing against the step's global load."""
+        if self.routing is not None:
+            self.routing.update_expert_bias(load)

@@ -1,0 +1,133 @@
+"""How the decoder is split: block names and TorchTitan's tensor + sequence parallel plan, with the entries its
+variations (declared by its args) need: q/k norms, multi-head latent attention, sparse feed-forward layers."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.mla_args import MLAArgs
+from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
+from titan_models.tp_styles import ExpertsHiddenShard, HeadsShareInput
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+def grouped_query_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+    """TorchTitan's Llama plan (Megatron-style TP with sequence parallelism in between).
+
+    Between blocks activations are sharded on the sequence dim (Shard(1)); attention and the MLP all-gather
+    them, split heads / hidden units column-wise, and reduce-scatter back through the row-wise wo / w2.
+    With loss_parallel the logits stay sharded over the vocabulary for a loss-parallel cross entropy.
+
+    Tied embeddings need nothing more: the embedding (row-wise) and the output projection (column-wise)
+    both shard the one matrix over the vocabulary, Shard(0), so Decoder.init_weights re-ties them as one
+    parameter with one layout.
+    """
+    # Imported here: model code stays importable and usable without torch.distributed.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    return {
+        **embedding_and_head_tp_plan(loss_parallel),
+        "layers.*.attention_norm": SequenceParallel(),
+        # (x, freqs_cis): freqs_cis is passed through untouched.
+        "layers.*.attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "layers.*.attention.wq": ColwiseParallel(),
+        "layers.*.attention.wk": ColwiseParallel(),
+        "layers.*.attention.wv": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        **feed_forward_tp_plan(),
+    }
+
+
+def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
+    """grouped_query_tp_plan with the entries of the variations `args` declare:
+    - q_norm / k_norm (qk_norm: one weight shared by all heads) see this rank's heads: sequence-parallel over
+      the heads dim (2 of [bs, seqlen, heads, head_dim]), their weight replicated, its gradient summed;
+    - multi-head latent attention's entries instead of grouped-query attention's (mla_tp_plan);
+    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan)."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    plan = grouped_query_tp_plan(loss_parallel)
+    if args.mla is not None:
+        mla_tp_plan(plan, args.mla)
+    elif args.qk_norm:
+        for norm in ("q_norm", "k_norm"):
+            plan[f"layers.*.attention.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    return sparse_feed_forward_plan(plan, args)
+
+
+def mla_tp_plan(plan: dict, mla: MLAArgs) -> dict:
+    """`plan` with multi-head latent attention's entries instead of grouped-query attention's:
+    - the attention's input stays sequence-sharded (Shard(1));
+    - the latent projections and their norms (wq_a, q_norm, wkv_a, kv_norm) run sequence-parallel: each rank
+      its own tokens, weights replicated, their gradients summed over the ranks;
+    - the head projections (wq or wq_b, and wkv_b) are column-wise, gathering their input's sequence: each
+      rank computes its heads;
+    - the rotary key, one head all heads read, is gathered whole, its gradient (each rank's heads' share)
+      reduce-scattered (HeadsShareInput);
+    - wo is row-wise back to the sequence-sharded residual, as in grouped-query attention."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, SequenceParallel
+
+    for name in ("wq", "wk", "wv"):
+        plan.pop(f"layers.*.attention.{name}")
+    plan["layers.*.attention"] = PrepareModuleInput(
+        input_layouts=(Shard(1), None), desired_input_layouts=(Shard(1), None)
+    )
+    heads = ("wkv_b", "wq") if mla.q_lora_rank is None else ("wkv_b", "wq_b")
+    latent = ("wkv_a", "kv_norm") if mla.q_lora_rank is None else ("wkv_a", "kv_norm", "wq_a", "q_norm")
+    plan.update({f"layers.*.attention.{name}": ColwiseParallel(input_layouts=Shard(1)) for name in heads})
+    plan.update({f"layers.*.attention.{name}": SequenceParallel() for name in latent})
+    plan["layers.*.attention.rope_key"] = HeadsShareInput()
+    return plan
+
+
+DENSE_FEED_FORWARD = ("", ".w1", ".w2", ".w3")  # the entries of "layers.*.feed_forward" in grouped_query_tp_plan
+
+
+def sparse_feed_forward_plan(plan: dict, args: DecoderArgs) -> dict:
+    """`plan` (grouped_query_tp_plan's entries) with the feed-forward entries per layer where some layers hold a
+    mixture of experts: the dense SwiGLU's three Linear layers where a layer is dense, the whole layer split on
+    its experts' (and shared experts') hidden units where it is sparse (ExpertsHiddenShard)."""
+    if args.moe is None:
+        return plan
+    dense = {suffix: plan.pop(f"layers.*.feed_forward{suffix}") for suffix in DENSE_FEED_FORWARD}
+    for layer in range(args.n_layers):
+        if args.is_sparse(layer):
+            plan[f"layers.{layer}.feed_forward"] = ExpertsHiddenShard()
+        else:
+            plan.update({f"layers.{layer}.feed_forward{suffix}": style for suffix, style in dense.items()})
+    return plan
+
+
+def decoder_plan(args: DecoderArgs) -> ModelPlan:
+    """The plan of the decoder `args` describe: its blocks, attention kernels for context parallelism, routed
+    experts for expert parallelism, and the sizes tensor parallelism must divide."""
+    # Heads must split evenly (attention reshapes to local heads with -1), and so must the SwiGLU hidden units
+    # (w1/w3 column shards feed w2's row shard as plain local tensors), the experts' and the shared experts'.
+    divisible = {"n_heads": args.n_heads}
+    if args.mla is None:
+        divisible["n_kv_heads"] = args.num_kv_heads
+    divisible["ffn_hidden_dim"] = args.hidden_dim
+    if args.moe is not None:
+        divisible["moe.hidden_dim"] = args.moe.hidden_dim
+        if args.moe.num_shared_experts:
+            divisible["moe.num_shared_experts x moe.hidden_dim"] = args.moe.num_shared_experts * args.moe.hidden_dim
+    return ModelPlan(
+        block_fqns=[f"layers.{i}" for i in range(args.n_layers)],
+        input_fqns=["tok_embeddings"],
+        output_fqns=["norm", "output"],
+        head_fqn="output",
+        tp_plan=partial(decoder_tp_plan, args),
+        attention_fqns=["layers.*.attention.inner_attention"],
+        # Sparse layers only: dense ones have no routed experts.
+        expert_fqns=["layers.*.feed_forward.experts"] if args.moe is not None else [],
+        document_masking=True,
+        tp_divisible=divisible,
+    )
