@@ -112,9 +112,10 @@ def train_step(model, optimizer, scheduler, data: ToyData) -> float:
     return loss.item()
 
 
-def toy_run(folder, seed=0, config=None, data_rank=0, model_fingerprint=None, **kwargs):
-    """A toy training run with a CheckpointManager over model, optimizer, schedule and data."""
-    model, optimizer, scheduler = build(seed)
+def toy_run(folder, seed=0, config=None, data_rank=0, model_fingerprint=None, args=None, **kwargs):
+    """A toy training run with a CheckpointManager over model, optimizer, schedule and data (`args`: the model's
+    shape, default ToyArgs())."""
+    model, optimizer, scheduler = build(seed, args)
     data = ToyData(seed)
     states = {
         "model": ModelState(model),
@@ -126,7 +127,7 @@ def toy_run(folder, seed=0, config=None, data_rank=0, model_fingerprint=None, **
         folder,
         states,
         config or CheckpointConfig(interval=3),
-        fingerprint=model_fingerprint or fingerprint(),
+        fingerprint=model_fingerprint or fingerprint(args),
         **kwargs,
     )
     run = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, data=data, manager=manager)

@@ -193,6 +193,47 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint(store_url, tmp_path
     assert complete_steps(store_url) == [1, 2]
 
 
+def test_kill_9_in_the_middle_of_a_multipart_upload_leaves_the_previous_checkpoint(store_url, tmp_path):
+    """A data file larger than the upload's part size: the save is killed with parts uploaded and the multipart
+    upload never completed. Nothing of step 2 is visible; step 1 loads bit-exact; step 2 is saved again."""
+    if not store_url.startswith("s3://"):
+        pytest.skip("multipart uploads are S3's; memory:// lives in one process")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(KILL_SCRIPT), store_url, "multipart"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "WRITING", f"script ended early: {line!r} (exit code {proc.poll()})"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    bucket = store_url.removeprefix("s3://").split("/")[0]
+    in_flight = multipart_uploads(bucket)
+    assert in_flight and all("step-2/" in key for key in in_flight), in_flight  # killed mid-upload, as meant
+    assert not [name for name in files(store_url) if name.startswith("step-2/") and name.endswith(".distcp")]
+    assert complete_steps(store_url) == [1]
+    args = ckpt_toy.ToyArgs(dim=512)  # kill_during_save.py's MULTIPART_ARGS
+    resumed = toy_run(store_url, seed=1, config=CheckpointConfig(interval=1), args=args)
+    assert resumed.manager.load() == 1
+    reference = toy_run(tmp_path / "reference", args=args)
+    reference.step()
+    for name, value in params(resumed.model).items():
+        assert torch.equal(value, params(reference.model)[name]), name
+    resumed.step()
+    resumed.manager.save(2)
+    assert complete_steps(store_url) == [1, 2]
+
+
+def multipart_uploads(bucket: str) -> list[str]:
+    """The keys of the bucket's multipart uploads begun and never completed (nor aborted)."""
+    import boto3
+
+    uploads = boto3.client("s3").list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    return [upload["Key"] for upload in uploads]
+
+
 def test_cli_lists_and_verifies_a_checkpoint_in_the_store(store_url, capsys):
     train_and_save(store_url, 2, CheckpointConfig(interval=1))
     assert main(["list", store_url]) == 0
