@@ -18,6 +18,8 @@
 - Async TP (`apply_tp(..., async_tp=)`): `AsyncColwiseParallel` / `AsyncRowwiseParallel`, `async_tp_plan`,
   `symmetric_memory_unavailable`, `ASYNC_TP_IMPLEMENTATIONS`; the chunked ops `all_gather_matmul`,
   `matmul_reduce_scatter`.
+- `Muon`: a torch Optimizer, Muon on matrices and expert stacks (plain or DTensor, orthogonalized whole
+  whatever the placements), AdamW on the groups with `use_muon=False`.
 - Pipeline parallel: `plan_pipeline` -> `PipelinePlan` (every check, no process group; `SCHEDULES`), then
   `build_pipeline` -> `Pipeline.step`.
 """
@@ -50,6 +52,7 @@ from titan_parallel.model.layout import (
     SimpleFSDPOptions,
 )
 from titan_parallel.model.parallel_model import ModelConverter, ParallelModel, build_parallel_model
+from titan_parallel.optim.muon import Muon
 from titan_parallel.options.option_names import option_names
 from titan_parallel.params.stored_params import sharded_params
 from titan_parallel.pp.pipeline import Pipeline, build_pipeline
@@ -84,6 +87,7 @@ __all__ = [
     "DataParallel",
     "Layout",
     "ModelConverter",
+    "Muon",
     "MoETensorParallel",
     "SharedInputParallel",
     "OVERLAP_MODES",
