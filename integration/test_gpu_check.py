@@ -17,9 +17,10 @@ from launch_helpers import ROOT
 sys.path.insert(0, str(ROOT / "tools"))  # the gpu_checks package, as tools/gpu_check.py imports it
 
 from gpu_checks import allocator, hyena, training  # noqa: E402
-from gpu_checks.checks import CHECKS, Check, select  # noqa: E402
+from gpu_checks.checks import CHECKS, PRIORITY, Check, select  # noqa: E402
+from gpu_checks.claims import NOT_JUDGED, Claim, above, apply_claims, within  # noqa: E402
 from gpu_checks.device import cpu_device, results_stem, versions  # noqa: E402
-from gpu_checks.history import history_table  # noqa: E402
+from gpu_checks.history import claims_table, history_table  # noqa: E402
 from gpu_checks.results import Results  # noqa: E402
 from gpu_checks.runner import record_for, run_checks, skip_reason  # noqa: E402
 
@@ -42,17 +43,18 @@ def fakes_importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKES, os.environ.get("PYTHONPATH", "")]))
 
 
-def run_fakes(tmp_path, checks, budget_s=600):
-    """Run stand-in checks as the CPU rehearsal runs checks; returns the records, the final json and every
-    json document written along the way."""
-    results = Results(tmp_path / "out", "2026-01-01-test", "cpu-rehearsal", cpu_device(), versions(), budget_s)
+def run_fakes(tmp_path, checks, budget_s=600, cuda=False):
+    """Run stand-in checks as the CPU rehearsal (or, `cuda`, a GPU run) runs checks; returns the records, the
+    final json and every json document written along the way."""
+    kind = "gpu" if cuda else "cpu-rehearsal"
+    results = Results(tmp_path / "out", "2026-01-01-test", kind, cpu_device(), versions(), budget_s)
     snapshots = []
 
     def write(records, complete):
         results.write(records, complete)
         snapshots.append(json.loads(results.json_path.read_text()))
 
-    records = run_checks(tuple(checks), False, None, tmp_path / "work", budget_s, write)
+    records = run_checks(tuple(checks), cuda, (9, 0) if cuda else None, tmp_path / "work", budget_s, write)
     return records, json.loads(results.json_path.read_text()), results.md_path.read_text(), snapshots
 
 
@@ -308,3 +310,102 @@ def test_the_readme_lists_what_has_run_on_a_gpu_as_the_results_say():
     readme = (ROOT / "docs" / "gpu-check.md").read_text()
     block = readme.split("<!-- gpu-history -->\n", 1)[1].split("\n<!-- /gpu-history -->", 1)[0]
     assert block == history_table(ROOT / "gpu_results")
+
+
+def test_the_list_shows_the_run_order_headline_checks_first_with_each_claim_and_its_bound():
+    assert [c.name for c in CHECKS[: len(PRIORITY)]] == list(PRIORITY)
+    listing = gpu_check("--list").stdout
+    positions = [listing.index(f"{number}. {check.name}: ") for number, check in enumerate(CHECKS, 1)]
+    assert positions == sorted(positions)
+    for check in CHECKS:
+        for claim in check.claims:
+            assert f"claim {claim.name} ({claim.bound}): {claim.text}" in listing
+
+
+def _inside_and_outside(claim: Claim) -> tuple[float, float]:
+    """A figure within the claim's bound and one outside it."""
+    bound = claim.bound
+    if bound.low == bound.high:
+        return bound.low, bound.low + 1
+    if bound.low > float("-inf") and bound.high < float("inf"):
+        return (bound.low + bound.high) / 2, bound.high * 2 + 1
+    if bound.low > float("-inf"):
+        return bound.low + 1, bound.low - 1
+    return bound.high - 1, bound.high + 1
+
+
+def _record(check: Check, outside: Claim | None = None) -> dict:
+    """A passing record of `check` with a figure for each pattern of each claim: within its bound, except
+    the figures of the claim `outside`."""
+    figures = {p.replace("*", "x"): _inside_and_outside(c)[c is outside] for c in check.claims for p in c.figures}
+    return {**record_for(check, "pass"), "figures": figures}
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if c.claims], ids=lambda c: c.name)
+def test_each_claim_fails_its_check_on_a_gpu_figure_outside_its_bound_and_passes_inside(check):
+    inside = apply_claims(_record(check), check.claims, cuda=True)
+    assert inside["status"] == "pass", inside["reason"]
+    assert [v["verdict"] for v in inside["claims"]] == ["pass"] * len(check.claims)
+    for claim in check.claims:
+        missed = apply_claims(_record(check, outside=claim), check.claims, cuda=True)
+        assert missed["status"] == "fail" and f"claim {claim.name} missed" in missed["reason"]
+        assert {v["claim"]: v["verdict"] for v in missed["claims"]}[claim.name] == "fail"
+        rehearsed = apply_claims(_record(check, outside=claim), check.claims, cuda=False)
+        assert rehearsed["status"] == "pass"  # the rehearsal proves the driver, not the claim
+        verdicts = {v["claim"]: (v["verdict"], v["evaluated"]) for v in rehearsed["claims"]}
+        assert verdicts[claim.name] == (NOT_JUDGED, "fail")
+
+
+def test_a_claim_without_figures_is_not_measured_and_a_failed_check_keeps_its_own_reason():
+    (hyena_check,) = select(["hyena_flash"])
+    unmeasured = apply_claims(record_for(hyena_check, "pass"), hyena_check.claims, cuda=True)
+    assert unmeasured["status"] == "pass" and {v["verdict"] for v in unmeasured["claims"]} == {"not measured"}
+    slow = {**record_for(hyena_check, "timeout", "timed out after 90 s"), "figures": {"L4096_B1_lazy_mixing_x": 0.69}}
+    judged = apply_claims(slow, hyena_check.claims, cuda=True)
+    assert judged["status"] == "timeout" and judged["reason"] == "timed out after 90 s"
+    assert [v["verdict"] for v in judged["claims"]] == ["fail", "fail"]
+
+
+CLAIMED = (
+    Claim("fast", "at least 2,000 tokens/s", ("tokens_per_s",), above(2000)),
+    Claim("memory", "reserved within 5%", ("* peak reserved error",), within(0.05)),
+)
+
+
+def test_on_a_gpu_a_check_that_misses_a_claim_is_recorded_as_fail_with_the_figure(tmp_path, fakes_importable):
+    claimed = Check("passes", "a stand-in with claims", "gpu_check_fakes:passes", 60, claims=CLAIMED)
+    records, document, md, _ = run_fakes(tmp_path, [claimed], cuda=True)
+    (record,) = document["checks"]
+    assert [r["status"] for r in records] == ["fail"] and record["status"] == "fail"
+    assert "claim fast missed: tokens_per_s = 1234 (bound > 2000)" in record["reason"]
+    assert "claim memory missed: case_a peak reserved error = 0.1 (bound within ±5%)" in record["reason"]
+    assert "| passes | fast | > 2000 | tokens_per_s 1234 | fail |" in md
+
+
+def test_the_rehearsal_evaluates_claims_but_does_not_judge_them_and_says_so(tmp_path, fakes_importable):
+    claimed = Check("passes", "a stand-in with claims", "gpu_check_fakes:passes", 60, claims=CLAIMED)
+    records, document, md, _ = run_fakes(tmp_path, [claimed])
+    assert [r["status"] for r in records] == ["pass"]
+    assert [(c["verdict"], c["evaluated"]) for c in document["checks"][0]["claims"]] == [(NOT_JUDGED, "fail")] * 2
+    assert "CPU rehearsal: each claim is evaluated" in md
+    assert f"| passes | fast | > 2000 | tokens_per_s 1234 | {NOT_JUDGED} (evaluated: fail) |" in md
+
+
+def test_a_check_whose_estimate_does_not_fit_the_budget_left_is_skipped_and_a_shorter_one_runs(
+    tmp_path, fakes_importable
+):
+    long = Check("hangs", "too long for the budget", "gpu_check_fakes:hangs", 600, estimate_s=500)
+    short = Check("passes", "fits", "gpu_check_fakes:passes", 60, estimate_s=5)
+    records, _, md, _ = run_fakes(tmp_path, [long, short], budget_s=120)
+    assert [r["status"] for r in records] == ["skip", "pass"]
+    assert records[0]["reason"].startswith("budget: ") and "estimated 500 s" in records[0]["reason"]
+    assert "| hangs | skip | 0 |" in md
+
+
+def test_the_docs_table_of_claims_is_what_the_claims_data_says_of_the_committed_results():
+    """docs/gpu-check.md's table of claims is `gpu_check.py --claims-table` of gpu_results/."""
+    page = (ROOT / "docs" / "gpu-check.md").read_text()
+    block = page.split("<!-- gpu-claims -->\n", 1)[1].split("\n<!-- /gpu-claims -->", 1)[0]
+    assert block == claims_table(ROOT / "gpu_results")
+    printed = gpu_check("--claims-table")
+    assert printed.returncode == 0 and printed.stdout.strip() == block

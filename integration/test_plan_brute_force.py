@@ -10,15 +10,15 @@ from pathlib import Path
 
 from titan_debug.devices import get_device
 from titan_train.config import load_config, parse_argv
-from titan_train.simulate import plan_space
-from titan_train.simulate.dry_run import finish_report, prepare_dry_run
-from titan_train.simulate.planner import (
+from titan_train.plan import plan_space
+from titan_train.plan.planner import (
     AUTO_CHECKPOINT_OVER_BUDGET,
     Planner,
     PlanSettings,
     ranked,
     simulate_cached,
 )
+from titan_train.simulate.dry_run import finish_report, prepare_dry_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPACITY_GIB = 0.05  # the tiny model needs 24-100 MiB a rank here: levers and the memory bound both matter

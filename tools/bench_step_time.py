@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     # Anything else is a config override for both runs, e.g. --training.seq_len 128.
     args, extra = parser.parse_known_args(argv)
 
-    from titan_debug.step_time import LINK_EFFICIENCY, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, cpu_device
+    from titan_debug import LINK_EFFICIENCY, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, cpu_device
 
     torch.set_num_threads(1)
     device = cpu_device(gloo_bus_bandwidth())

@@ -6,9 +6,11 @@ out of time is recorded as such while the rest go on, and the results files are 
 check, so even a killed run leaves what it measured. `--rehearse-cpu` runs the same code paths on CPU at
 tiny sizes, so the command is known to work before a GPU is spent on it.
 
-Modules: checks (the list, as data), runner (budget, subprocesses), child (one check's process), context
-(what a check function records), results (json and markdown), device (what ran it), and one module per
-kind of check: training, memory, allocator, hyena, simple_fsdp.
+Modules: checks (the list in priority order, each check's claims and estimate, as data), claims (a claim's
+bound judged on the recorded figures), runner (budget, subprocesses), child (one check's process), context
+(what a check function records), results (json and markdown), history (what has run on a GPU, and the
+claims judged on it), device (what ran it), and one module per kind of check: training, memory, allocator,
+hyena, moe, simple_fsdp, step_time.
 """
 
 from pathlib import Path

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_checks.context import CheckFailed, Context
-from titan_debug.caching_allocator import CachingAllocatorModel
+from titan_debug import CachingAllocatorModel
 
 MIB = 1024**2
 LIVE_CAP = 2048 * MIB  # bytes live at once, far under any GPU's memory: the model's capacity never binds

@@ -1,5 +1,6 @@
-"""Which checks have run on a GPU, read from the committed results (`python tools/gpu_check.py --history`):
-the table docs/gpu-check.md's "what has run on a GPU" is kept from. CPU rehearsals do not count."""
+"""Which checks have run on a GPU, read from the committed results (`python tools/gpu_check.py --history`), and
+which claims their figures have been judged on (`--claims-table`): the tables docs/gpu-check.md is kept
+from. CPU rehearsals do not count."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 from gpu_checks.checks import CHECKS
+from gpu_checks.claims import NOT_MEASURED, flat_figures, judge
 
 
 def gpu_runs(folder: Path) -> list[dict]:
@@ -41,4 +43,30 @@ def history_table(folder: Path) -> str:
             lines.append(f"| {check.name} | not yet | - | - |")
         else:
             lines.append(f"| {check.name} | {record['device']} | {record['status']} | {record['file']} |")
+    return "\n".join(lines)
+
+
+WAITS = "waits for a GPU"
+
+
+def _figures_cell(figures: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.3g}" for name, value in figures.items()).replace("|", "\\|")
+
+
+def claims_table(folder: Path) -> str:
+    """Per check, in the order they run, each claim judged on the figures of the newest GPU run of the check:
+    its verdict, the figures and the file; or that it waits for a GPU (no run, or none recorded its figures)."""
+    latest = latest_by_check(gpu_runs(folder))
+    lines = ["| check | claim | bound | on a GPU | figures | results |", "|---|---|---|---|---|---|"]
+    for check in CHECKS:
+        record = latest.get(check.name)
+        if not check.claims:
+            lines.append(f"| {check.name} | - | - | {check.not_yet or 'claims nothing'} | - | - |")
+        for claim in check.claims:
+            verdict = judge(claim, flat_figures(record)) if record else None
+            if verdict is None or verdict["verdict"] == NOT_MEASURED:
+                lines.append(f"| {check.name} | {claim.name} | {claim.bound} | {WAITS} | - | - |")
+                continue
+            lines.append(f"| {check.name} | {claim.name} | {claim.bound} | {verdict['verdict']} | "
+                         f"{_figures_cell(verdict['figures'])} | {record['file']} |")  # fmt: skip
     return "\n".join(lines)

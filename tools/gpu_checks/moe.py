@@ -1,12 +1,15 @@
 """Mixture of experts on CUDA: the grouped matmul's GPU kernel (torch._grouped_mm, bfloat16, sm90+) against
 one float32 matmul per expert, forward and both gradients, with empty experts; then the Qwen3-MoE debug
 recipe trains through the real entry point (bf16, per-block compile): the loss falls and every step reports
-the auxiliary loss and the expert imbalance.
+the auxiliary loss and the expert imbalance; and again with aux-loss-free balancing, whose imbalance late in the
+run is set against its imbalance early on.
 
 On the CPU rehearsal the grouped matmul is torch's CPU kernel in float32, and the recipe trains a few steps
 eager in float32."""
 
 from __future__ import annotations
+
+import statistics
 
 from gpu_checks import ROOT
 from gpu_checks.context import CheckFailed, Context
@@ -22,6 +25,7 @@ TOLERANCE = {"bfloat16": 1e-2, "float32": 1e-5}
 
 MOE_CUDA = ["--training.steps", "30", "--training.local_batch_size", "16", "--training.seq_len", "512", *BF16,
             *COMPILE]  # fmt: skip
+AUX_LOSS_FREE = ["--moe.load_balance", "aux_loss_free"]
 MOE_CPU = ["--training.steps", "12", "--training.local_batch_size", "4", "--training.seq_len", "64",
            "--lr_scheduler.warmup_steps", "2"]  # fmt: skip
 
@@ -85,3 +89,17 @@ def moe_debug(ctx: Context) -> None:
         raise CheckFailed(f"the loss did not fall: {first:.4f} -> {last:.4f}")
     if not reported:
         raise CheckFailed("a step's metrics lack aux_loss or expert_imbalance")
+    aux_loss_free_imbalance(ctx, overrides)
+
+
+def aux_loss_free_imbalance(ctx: Context, overrides: list[str]) -> None:
+    """The same run with aux-loss-free balancing (per-expert biases nudged against the load, no loss term): the
+    expert imbalance of the last steps against the first ones, which its claim wants lower."""
+    rows = train(ctx, "qwen3_moe_debug_aux_loss_free", [*overrides, *AUX_LOSS_FREE], recipe=RECIPE)
+    imbalance = [r["expert_imbalance"] for r in rows if r.get("expert_imbalance") is not None]
+    if len(imbalance) < 6:
+        raise CheckFailed(f"aux-loss-free run: {len(imbalance)} steps reported expert_imbalance; 6 are needed")
+    early, late = statistics.fmean(imbalance[:3]), statistics.fmean(imbalance[-3:])
+    ctx.record(aux_loss_free_imbalance_first3=early, aux_loss_free_imbalance_last3=late,
+               aux_loss_free_imbalance_late_vs_early=late / early if early else None,
+               headline=f"{ctx.figures['headline']}; aux-loss-free imbalance {early:.3g} -> {late:.3g}")  # fmt: skip

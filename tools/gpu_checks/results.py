@@ -136,6 +136,27 @@ def _comparisons_table(records: list[dict]) -> list[str]:
     return lines
 
 
+REHEARSAL_CLAIMS = (
+    "CPU rehearsal: each claim is evaluated on the rehearsal's figures (the driver produces them) but "
+    "not judged: tiny models on a CPU say nothing of a GPU's speed or memory."
+)
+
+
+def _claims_table(records: list[dict], rehearsal: bool) -> list[str]:
+    rows = [(r["name"], c) for r in records for c in r.get("claims", [])]
+    if not rows:
+        return []
+    lines = ["", "Claims (a claim missed on a GPU fails its check):", ""]
+    if rehearsal:
+        lines += [REHEARSAL_CLAIMS, ""]
+    lines += ["| check | claim | bound | figures | verdict |", "|---|---|---|---|---|"]
+    for name, c in rows:
+        figures = ", ".join(f"{n} {format_value(v)}" for n, v in c["figures"].items()) or "-"
+        verdict = c["verdict"] + (f" (evaluated: {c['evaluated']})" if "evaluated" in c else "")
+        lines.append(f"| {name} | {c['claim']} | {c['bound']} | {_cell(figures)} | {verdict} |")
+    return lines
+
+
 def _notes(records: list[dict]) -> list[str]:
     notes = [f"- {r['name']}: {_cell(n)}" for r in records for n in r.get("notes", [])]
     return ["", "Notes:", "", *notes] if notes else []
@@ -143,5 +164,6 @@ def _notes(records: list[dict]) -> list[str]:
 
 def markdown(document: dict) -> str:
     records = document["checks"]
-    lines = _header(document) + _checks_table(records) + _comparisons_table(records) + _notes(records)
+    claims = _claims_table(records, document["kind"] != "gpu")
+    lines = _header(document) + _checks_table(records) + claims + _comparisons_table(records) + _notes(records)
     return "\n".join(lines) + "\n"

@@ -1,4 +1,8 @@
-"""Run the checks within a total time budget, each in its own process group with its own timeout.
+"""Run the checks within a total time budget, each in its own process group with its own timeout, and judge
+each one's claims on what it recorded (gpu_checks.claims).
+
+A check starts only if its estimated duration fits in what is left of the total budget; one that does not is
+skipped (`budget: ...`) and the next one, perhaps shorter, tried.
 
 A check that fails, crashes or times out is recorded (with the figures it recorded before, and the tail of
 its output) and the next one starts. The results are written after every check, and before each one with
@@ -20,9 +24,10 @@ from pathlib import Path
 
 from gpu_checks import ROOT, TOOLS
 from gpu_checks.checks import Check
+from gpu_checks.claims import apply_claims
 from gpu_checks.context import die_with_parent, tail
 
-MIN_START_S = 20  # a check starts only with at least this much of the total budget left (or its own budget)
+MIN_START_S = 20  # what a check without an estimate needs left of the total budget (or its own budget, if less)
 # The budgets are sized for the GPU machine (16 cores); the CPU rehearsal's many process start-ups on a small,
 # shared machine take longer, so its timeouts are this many times the budget (the total budget stays).
 REHEARSAL_TIMEOUT_FACTOR = 2
@@ -55,6 +60,7 @@ def record_for(check: Check, status: str = "pending", reason: str = "") -> dict:
         "figures": {},
         "comparisons": [],
         "notes": [],
+        "claims": [],
     }
 
 
@@ -122,10 +128,19 @@ def run_one(check: Check, cuda: bool, work: Path, timeout_s: float) -> tuple[dic
     if status != "pass":
         record["output_tail"] = tail(log_path.read_text(errors="replace"))
     record["status"], record["reason"] = status, reason
-    return record, stopped
+    return apply_claims(record, check.claims, cuda), stopped
 
 
 STOPPED = "not run: the gpu check was stopped before this check"
+
+
+def budget_reason(check: Check, left: float, budget_s: float) -> str:
+    """Why `check` does not fit in the `left` seconds of the total budget ('' if it fits)."""
+    needed = check.estimate_s or min(MIN_START_S, check.budget_s)
+    if left >= needed:
+        return ""
+    return (f"budget: the total budget ({budget_s:.0f} s) was spent down to {max(left, 0):.0f} s, under its "
+            f"estimated {needed} s")  # fmt: skip
 
 
 def run_checks(
@@ -145,10 +160,11 @@ def run_checks(
         for index, check in enumerate(checks):
             left = budget_s - (time.monotonic() - start)
             reason = STOPPED if stopped else skip_reason(check, cuda, capability)
-            if not reason and left < min(MIN_START_S, check.budget_s):
-                reason = f"the total budget ({budget_s:.0f} s) was spent before it could start"
+            if not reason:
+                reason = budget_reason(check, left, budget_s)
             if reason:
                 records[index] = record_for(check, "skip", reason)
+                print(f"[gpu_check] {check.name}: skip {reason}", flush=True)
                 continue
             records[index] = record_for(check, "running")
             write(records, False)

@@ -19,8 +19,7 @@ CASES_CPU = {"tiny_eager": [a for a in ONE_B_CPU if a not in ("--compile.backend
 
 
 def device_row(ctx: Context):
-    from titan_debug.devices import DEFAULT_DEVICE, get_device
-    from titan_debug.step_time import cpu_device
+    from titan_debug import DEFAULT_DEVICE, cpu_device, get_device
 
     if not ctx.cuda:
         return cpu_device(interconnect_bandwidth=1e9)  # one rank: nothing is sent

@@ -1,6 +1,7 @@
 """Training checks through the real entry point (`python -m titan_train` with `--section.key value`
 overrides), read back from `<dump_folder>/metrics.jsonl`: the debug model with every single-GPU feature at once,
-and the 1B model's tokens/s in the paper's Table 1 order (eager, compiled, compiled + Float8)."""
+and the 1B model's tokens/s in the paper's Table 1 order (eager, compiled, compiled + Float8), Float8 again at
+the 8B model's width."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ ONE_B_CUDA = ["--model.flavor", "1B", "--training.steps", "12", "--training.loca
               "--training.seq_len", "2048", *BF16, *SELECTIVE_AC]  # fmt: skip
 ONE_B_CPU = ["--model.flavor", "tiny", "--training.steps", "8", "--training.local_batch_size", "4",
              "--training.seq_len", "64", *SELECTIVE_AC, "--compile.backend", "aot_eager"]  # fmt: skip
+# Llama 3.1 8B's width (dim 4096, FFN 14336: the matmuls of the paper's Table 1) at 4 of its 32 layers, so one
+# GPU holds it and Float8's matmuls are most of the step's.
+EIGHT_B_WIDTH_CUDA = ["--model.flavor", "8B", "--model.n_layers", "4", "--training.steps", "10",
+                      "--training.local_batch_size", "2", "--training.seq_len", "4096", *BF16,
+                      *SELECTIVE_AC]  # fmt: skip
 PLAIN_LOSS = ["--training.loss_chunk_tokens", "0"]
 THROUGHPUT_VARIANTS = {"eager": [], "compiled": COMPILE, "compiled_float8": [*COMPILE, *FLOAT8]}
 
@@ -83,7 +89,7 @@ def peak_tflops() -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    from titan_debug.peak_flops import peak_flops
+    from titan_debug import peak_flops
 
     peak = peak_flops(torch.device("cuda"), torch.bfloat16)
     return peak / 1e12 if peak else None
@@ -128,16 +134,32 @@ def throughput_1b(ctx: Context) -> None:
         rows = train(ctx, name, [*base, *extra])
         tps[name], peaks[name] = steady(rows, "tps"), peak_memory(rows)
         ctx.record(**{f"tokens_per_s_{name}": tps[name], f"mfu_{name}": steady(rows, "mfu")}, **speedups(tps))
+    if "compiled_float8" in variants:
+        float8_at_8b_width(ctx, variants["compiled_float8"])
     # The default loss (chunked, gradients in forward) against the plain loss, compiled: the memory-lean loss
     # should cost no throughput (tools/bench_loss.py measures more variants).
     rows = train(ctx, "compiled_plain_loss", [*base, *COMPILE, *PLAIN_LOSS])
     plain_tps, plain_peak = steady(rows, "tps"), peak_memory(rows)
     figures = speedups(tps)
+    if width_ratio := ctx.figures.get("compiled_float8_vs_compiled_8b_width"):
+        figures["headline"] += f"; 8B width: compiled_float8 / compiled {width_ratio:.2f}x"
     figures["headline"] += f"; default loss / plain loss {tps['compiled'] / plain_tps:.2f}x tok/s"
     ctx.record(
         tokens_per_s_compiled_plain_loss=plain_tps, chunked_loss_vs_plain_tokens=tps["compiled"] / plain_tps,
         chunked_loss_vs_plain_peak=peaks["compiled"] / plain_peak if plain_peak else None, **figures,
     )  # fmt: skip
+
+
+def float8_at_8b_width(ctx: Context, float8: list[str]) -> None:
+    """Compiled bf16 against compiled + Float8 where the matmuls are as large as the paper's (the CPU rehearsal:
+    the tiny model again, the driver only)."""
+    base = EIGHT_B_WIDTH_CUDA if ctx.cuda else ONE_B_CPU
+    tps = {name: steady(train(ctx, f"8b_width_{name}", [*base, *extra]), "tps")
+           for name, extra in (("compiled", COMPILE), ("compiled_float8", float8))}  # fmt: skip
+    ratio = tps["compiled_float8"] / tps["compiled"] if tps["compiled"] and tps["compiled_float8"] else None
+    ctx.record(tokens_per_s_8b_width_compiled=tps["compiled"],
+               tokens_per_s_8b_width_compiled_float8=tps["compiled_float8"],
+               compiled_float8_vs_compiled_8b_width=ratio)  # fmt: skip
 
 
 def speedups(tps: dict[str, float]) -> dict:

@@ -161,9 +161,10 @@ def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_p
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     config = str(ROOT / "configs/paper/t1_fsdp.toml")
-    report = _dry_run(
-        tmp_path, "--config", config, "--world-size", "8", "--device-memory-gib", "96", "--gpu", "h100-sxm-96gb-500w"
-    )
+    # No --gpu, no --device-memory-gib: the paper recipe carries its GPU (dry_run.gpu), 96 GB H100s at 500 W.
+    report = _dry_run(tmp_path, "--config", config, "--world-size", "8")
+    assert report["gpu"] == {"name": "h100-sxm-96gb-500w", "chosen_by": "dry_run.gpu of the recipe"}
+    assert report["device_memory_gib"] == 96
     (entry,) = report["rank_classes"]
     assert entry["peak_reserved_gib"] == pytest.approx(82.4, rel=0.05)
     assert entry["ranks"] == list(range(8))
@@ -179,7 +180,9 @@ def test_the_paper_table_1_fsdp_row_runs_end_to_end_with_exact_state_bytes(tmp_p
     # float32 logits of 2 x 8192 tokens x 128256: their log-softmax backward is the peak, and the warning says so
     assert entry["peak_phase"] == "loss_backward"
     assert any("training.loss_chunk_tokens" in warning for warning in entry["warnings"])
-    assert "# dry run: world size 8" in capsys.readouterr().out
+    assert "# dry run: world size 8, 2 steps, GPU h100-sxm-96gb-500w (dry_run.gpu of the recipe)" in (
+        capsys.readouterr().out
+    )
     # docs/dry-run.md's table of the paper rows shows this row's predicted tokens/s per GPU (on the paper's GPU):
     # a change to the time model that moves it fails here until the table is regenerated.
     table = (ROOT / "docs" / "dry-run.md").read_text()
@@ -525,3 +528,16 @@ def test_a_replica_group_recipe_is_simulated_as_one_group_with_its_share_of_the_
     # One group of two trains 32 of the job's 64 sequences a step: as a job of 32 alone (no lighthouse reached).
     assert report["rank_classes"][0]["flops_per_step"] == alone["rank_classes"][0]["flops_per_step"]
     assert any(u.startswith("replica groups: one group is simulated") for u in report["unmodelled"])
+
+
+def test_the_recipe_names_the_dry_runs_gpu_and_the_command_line_wins():
+    from titan_train.cli.dry_run_options import DryRunOptions
+    from titan_train.config import ConfigError, load_config, parse_argv
+
+    with pytest.raises(ConfigError, match=r"dry_run.gpu='h100' is not a known GPU; use one of .*h100-sxm-96gb-500w"):
+        load_config(parse_argv(["--config", str(ROOT / "configs/debug_model.toml"), "--dry_run.gpu", "h100"]))
+    recipe = "h100-sxm-96gb-500w"
+    assert DryRunOptions().gpu_choice(recipe) == (recipe, "dry_run.gpu of the recipe")
+    assert DryRunOptions(gpu="h100-sxm-80gb").gpu_choice(recipe) == ("h100-sxm-80gb", "--gpu")
+    assert DryRunOptions().gpu_choice("")[0] == "h100-sxm-80gb"
+    assert DryRunOptions().gpu_spec(recipe).memory_gib == 96

@@ -9,9 +9,9 @@ from titan_debug.devices import get_device
 from titan_train.cli import train as cli
 from titan_train.config import load_config, parse_argv
 from titan_train.config.parallel_layout import resolve_layout
-from titan_train.simulate.plan_bounds import ModelSize, memory_lower_bound
-from titan_train.simulate.plan_space import LEVERS, MIN_TOKENS_PER_CP_RANK, Candidate, enumerate_candidates
-from titan_train.simulate.planner import Planner, PlanSettings
+from titan_train.plan.plan_bounds import ModelSize, memory_lower_bound
+from titan_train.plan.plan_space import LEVERS, MIN_TOKENS_PER_CP_RANK, Candidate, enumerate_candidates
+from titan_train.plan.planner import Planner, PlanSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs/debug_model.toml")

@@ -1,4 +1,4 @@
-"""A deep model's layout dry-run at two shallow depths and extrapolated per block (simulate/shallow_depth.py),
+"""A deep model's layout dry-run at two shallow depths and extrapolated per block (plan/shallow_depth.py),
 against the same layout's dry run at full depth; and the planner's use of it."""
 
 import pathlib
@@ -8,9 +8,9 @@ import pytest
 from titan_debug.devices import get_device
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
+from titan_train.plan.planner import Planner, PlanSettings, ranked
+from titan_train.plan.shallow_depth import _extended, _peak_from_phases, simulate_shallow
 from titan_train.simulate.dry_run import finish_report, prepare_dry_run, simulate_class
-from titan_train.simulate.planner import Planner, PlanSettings, ranked
-from titan_train.simulate.shallow_depth import _extended, _peak_from_phases, simulate_shallow
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEBUG = str(ROOT / "configs/debug_model.toml")

@@ -70,7 +70,7 @@ from titan_parallel.tp.moe_parallel import MoETensorParallel
 from titan_parallel.tp.shared_input import SharedInputParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.24.2"
+__version__ = "0.25.0"
 
 __all__ = [
     "ACGranularity",

@@ -5,7 +5,7 @@ config's own parser sees the rest."""
 import dataclasses
 from dataclasses import dataclass, field
 
-from titan_debug.devices import DEFAULT_DEVICE, DEVICES, DeviceSpec
+from titan_debug import DEFAULT_DEVICE, DEVICES, DeviceSpec
 from titan_train.config import ConfigError
 
 HELP = {
@@ -16,7 +16,7 @@ HELP = {
     "--device-memory-gib G": "with --dry-run: each GPU's memory for the headroom and over-capacity check (default: "
     "the --gpu's, 80 for the default one)",
     "--gpu NAME": f"with --dry-run: the GPU whose step time is predicted, one of {', '.join(DEVICES)} (default: "
-    f"{DEFAULT_DEVICE})",
+    f"the recipe's dry_run.gpu, else {DEFAULT_DEVICE})",
     "--gpu-override KEY=VALUE": "with --dry-run: change one of the --gpu's figures (repeatable), e.g. "
     "inter_node_bandwidth=25e9 (bytes/s), bf16_flops=8e14, gpus_per_node=4",
     "--every-pipeline-rank": "with --dry-run: simulate each pipeline rank, not one per kind (first, middle, last: "
@@ -46,9 +46,18 @@ class DryRunOptions:
                 raise ConfigError(f"command line: {flag} is for --dry-run")
         self.gpu_spec()
 
-    def gpu_spec(self) -> DeviceSpec:
-        """The --gpu's figures with the --gpu-override ones."""
-        name = self.gpu or DEFAULT_DEVICE
+    def gpu_choice(self, recipe_gpu: str = "") -> tuple[str, str]:
+        """The GPU the dry run models and where that choice came from: --gpu, else the recipe's dry_run.gpu
+        (a recipe measured on a given GPU carries it), else the default."""
+        if self.gpu:
+            return self.gpu, "--gpu"
+        if recipe_gpu:
+            return recipe_gpu, "dry_run.gpu of the recipe"
+        return DEFAULT_DEVICE, "the default; --gpu or dry_run.gpu choose another"
+
+    def gpu_spec(self, recipe_gpu: str = "") -> DeviceSpec:
+        """The figures of the GPU `gpu_choice` names, with the --gpu-override ones."""
+        name = self.gpu_choice(recipe_gpu)[0]
         if name not in DEVICES:
             raise ConfigError(f"command line: --gpu {name!r} is not a known GPU; known: {', '.join(DEVICES)}")
         known = {f.name for f in dataclasses.fields(DeviceSpec)} - {"name", "source"}

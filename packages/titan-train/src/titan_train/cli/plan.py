@@ -1,5 +1,5 @@
 """`titan-train plan --config R --gpus N [--gpu NAME] [--section.key value ...]`: the fastest layout of recipe R
-on N GPUs (simulate/planner.py), as a table, <dump_folder>/plan.json and <dump_folder>/plan_best.toml."""
+on N GPUs (plan/planner.py), as a table, <dump_folder>/plan.json and <dump_folder>/plan_best.toml."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ USAGE = """usage: titan-train plan --config RECIPE --gpus N [options] [--section
 Enumerates layouts of RECIPE on N GPUs (data-parallel replicate x shard, tensor parallel within a node,
 pipeline parallel with its schedules and micro-batches, context parallel, activation checkpointing, local
 batch, chunked loss), drops those the config checks refuse or a memory lower bound puts over the GPU's memory,
-dry-runs the rest (simulate/planner.py: per family, from the least recompute up) and ranks what fits by
+dry-runs the rest (plan/planner.py: per family, from the least recompute up) and ranks what fits by
 predicted tokens/s per GPU. The model, sequence length and global batch are the recipe's (override them like
 any key, e.g. --training.seq_len 16384). Writes <dump_folder>/plan.json (every layout and what became of it)
 and <dump_folder>/plan_best.toml (the first choice, a recipe extending RECIPE).
@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
     if not cmd.config_file:
         raise UsageError("plan: --config RECIPE is required (the recipe whose layout is planned)")
     config = load_config(cmd)
-    gpu = dry.gpu_spec()
-    from titan_train.simulate.plan_report import format_table, write_best_recipe, write_plan
-    from titan_train.simulate.planner import Planner, PlanSettings, ranked
+    gpu = dry.gpu_spec(config.dry_run.gpu)
+    from titan_train.plan.plan_report import format_table, write_best_recipe, write_plan
+    from titan_train.plan.planner import Planner, PlanSettings, ranked
 
     folder = Path(config.job.dump_folder)
     settings = PlanSettings(

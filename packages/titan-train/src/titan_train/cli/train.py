@@ -51,7 +51,8 @@ def _train(argv: list[str]) -> int:
     if dry.enabled:
         from titan_train.simulate.dry_run import dry_run
 
-        dry_run(config, world_size, dry.device_memory_gib, dry.every_pipeline_rank, dry.gpu_spec())
+        gpu, chosen_by = dry.gpu_spec(config.dry_run.gpu), dry.gpu_choice(config.dry_run.gpu)[1]
+        dry_run(config, world_size, dry.device_memory_gib, dry.every_pipeline_rank, gpu, chosen_by)
         return EXIT_OK
     layout = resolve_layout(config, world_size)  # every config check, before any process group
     from titan_train.run.trainer import train

@@ -124,10 +124,11 @@ class Training:
 
 @dataclass
 class Optimizer:
-    name: Literal["AdamW"] = "AdamW"
-    """Optimizer."""
+    name: Literal["AdamW", "Muon"] = "AdamW"
+    """Optimizer. "Muon": Muon (momentum orthogonalized by Newton-Schulz, as torch.optim.Muon) for the hidden
+    matrices and expert weights, AdamW (lr, beta1, beta2, eps, weight_decay) for every other parameter."""
     lr: float = 8e-4
-    """Peak learning rate (reached at the end of warmup)."""
+    """Peak learning rate (reached at the end of warmup); with Muon, AdamW's."""
     beta1: float = 0.9
     """Adam beta1."""
     beta2: float = 0.95
@@ -135,9 +136,31 @@ class Optimizer:
     eps: float = 1e-8
     """Adam epsilon."""
     weight_decay: float = 0.1
-    """Decoupled weight decay."""
+    """Decoupled weight decay; with Muon, AdamW's."""
     implementation: Literal["auto", "foreach", "fused", "for-loop"] = "auto"
-    """Kernel: fused where the device supports it, foreach otherwise ("auto"), or forced."""
+    """Kernel: fused where the device supports it, foreach otherwise ("auto"), or forced (AdamW's kernels)."""
+    muon_lr: float = 0.02
+    """Muon: peak learning rate of the Muon parameters (the schedule scales it as it scales lr), before the
+    muon_adjust_lr_fn scaling."""
+    muon_weight_decay: float = 0.1
+    """Muon: decoupled weight decay of the Muon parameters (p *= 1 - muon_lr x muon_weight_decay each step)."""
+    muon_momentum: float = 0.95
+    """Muon: momentum of the gradient average that is orthogonalized."""
+    muon_nesterov: bool = True
+    """Muon: orthogonalize the Nesterov look-ahead (gradient + momentum x average) rather than the average."""
+    muon_ns_steps: int = 5
+    """Muon: Newton-Schulz iterations (Keller Jordan's quintic, torch's coefficients), 1 to 99."""
+    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = "original"
+    """Muon: learning-rate scaling per matrix shape (rows x cols): "original" muon_lr x sqrt(max(1, rows/cols));
+    "match_rms_adamw" muon_lr x 0.2 x sqrt(max(rows, cols)) (updates of AdamW's size: set muon_lr = lr)."""
+    muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Muon: dtype of the Newton-Schulz iteration. bfloat16 (torch's): fast, and the iteration tolerates its
+    rounding; float32: exact to float32, so layouts match a single process to float32 tolerance."""
+    adamw_params: list[str] = field(default_factory=list)
+    """Muon: name patterns of the parameters AdamW updates (fnmatch globs, each matched against every dotted
+    part of a parameter's name and against the whole name). Empty: the default rule (embeddings, output
+    head, norms, biases, routers, Hyena's filters). Tensors of one dimension, or more than three, always go
+    to AdamW. The split is logged at startup."""
 
 
 @dataclass
@@ -376,6 +399,16 @@ class FaultTolerance:
 
 
 @dataclass
+class DryRun:
+    """[dry_run]: what `--dry-run` models, so a recipe measured on some GPU is predicted on that GPU."""
+
+    gpu: str = ""
+    """The GPU whose step time and memory the dry run predicts, by name (`titan-train --dry-run --help` lists
+    them, e.g. "h100-sxm-96gb-500w", the TorchTitan paper's); empty: the default, h100-sxm-80gb. `--gpu NAME`
+    on the command line wins over it."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -394,3 +427,4 @@ class JobConfig:
     debug: Debug = field(default_factory=Debug)
     validation: Validation = field(default_factory=Validation)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    dry_run: DryRun = field(default_factory=DryRun)

@@ -2,6 +2,7 @@
 
 import importlib.util
 
+from titan_debug import DEVICES
 from titan_train.config.loader import ConfigError, did_you_mean
 from titan_train.config.sections import JobConfig
 
@@ -30,6 +31,10 @@ def validate(config: JobConfig) -> None:
         _require(0 <= beta < 1, f"optimizer.{name}={beta} must be in [0, 1)")
     _require(o.eps > 0, f"optimizer.eps={o.eps} must be > 0")
     _require(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay} must be >= 0")
+    _require(o.muon_lr > 0, f"optimizer.muon_lr={o.muon_lr} must be > 0")
+    _require(o.muon_weight_decay >= 0, f"optimizer.muon_weight_decay={o.muon_weight_decay} must be >= 0")
+    _require(0 <= o.muon_momentum < 1, f"optimizer.muon_momentum={o.muon_momentum} must be in [0, 1)")
+    _require(1 <= o.muon_ns_steps < 100, f"optimizer.muon_ns_steps={o.muon_ns_steps} must be in 1..99")
     _require(s.warmup_steps >= 0, f"lr_scheduler.warmup_steps={s.warmup_steps} must be >= 0")
     _require(0 <= s.decay_ratio <= 1, f"lr_scheduler.decay_ratio={s.decay_ratio} must be in [0, 1]")
     _require(0 <= s.min_lr_factor <= 1, f"lr_scheduler.min_lr_factor={s.min_lr_factor} must be in [0, 1]")
@@ -64,6 +69,11 @@ def validate(config: JobConfig) -> None:
         p.data_parallel_shard_degree == -1 or p.data_parallel_shard_degree >= 1,
         f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree} must be >= 1, "
         "or -1 for the rest of the world",
+    )
+    _require(
+        not config.dry_run.gpu or config.dry_run.gpu in DEVICES,
+        f"dry_run.gpu={config.dry_run.gpu!r} is not a known GPU; use one of {', '.join(DEVICES)} (or empty for "
+        "the default)",
     )
     for section in (config.checkpoint, config.float8):
         try:

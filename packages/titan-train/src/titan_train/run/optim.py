@@ -1,11 +1,17 @@
-"""AdamW and the learning-rate schedule: linear warmup, optional constant phase, decay to a floor."""
+"""AdamW or Muon (+ AdamW), and the learning-rate schedule: linear warmup, optional constant phase, decay to a
+floor."""
 
 import functools
+import logging
 import math
 
 import torch
 
+from titan_parallel import Muon
 from titan_train.config.sections import LRScheduler, Optimizer
+from titan_train.run.muon_params import DEFAULT_ADAMW_PARAMS, describe_split, split_params
+
+logger = logging.getLogger("titan")
 
 
 def optimizer_implementation(implementation: str, device_type: str) -> str:
@@ -17,8 +23,8 @@ def optimizer_implementation(implementation: str, device_type: str) -> str:
 
 
 def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
-    impl = optimizer_implementation(cfg.implementation, device_type)
-    kwargs = {"fused": impl == "fused", "foreach": impl == "foreach"}
+    """AdamW over `params` (`optimizer.name` AdamW; for Muon see build_muon)."""
+    kwargs = _kernels(cfg, device_type)
     return torch.optim.AdamW(
         params,
         lr=cfg.lr,
@@ -27,6 +33,26 @@ def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Opt
         weight_decay=cfg.weight_decay,
         **kwargs,
     )
+
+
+def _kernels(cfg: Optimizer, device_type: str) -> dict:
+    impl = optimizer_implementation(cfg.implementation, device_type)
+    return {"fused": impl == "fused", "foreach": impl == "foreach"}
+
+
+def build_muon(muon_params: list, adamw_params: list, cfg: Optimizer, device_type: str) -> Muon:
+    """titan_parallel's Muon: `muon_params` (matrices, expert stacks) by Muon, `adamw_params` by AdamW, as two
+    groups, AdamW's first: the step line's lr is then optimizer.lr's schedule, as with AdamW alone."""
+    groups = [
+        {"params": adamw_params, "use_muon": False, "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+        {"params": muon_params},
+    ]
+    return Muon(
+        [g for g in groups if g["params"]], lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay,
+        momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps,
+        adjust_lr_fn=cfg.muon_adjust_lr_fn, adamw_betas=(cfg.beta1, cfg.beta2), adamw_eps=cfg.eps,
+        ns_dtype=getattr(torch, cfg.muon_ns_dtype), **_kernels(cfg, device_type),
+    )  # fmt: skip
 
 
 def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
@@ -63,7 +89,15 @@ class Optimizers:
     together. One each, because a checkpoint keys optimizer state by each part's parameter names."""
 
     def __init__(self, parts: list[torch.nn.Module], cfg: Optimizer, device_type: str):
-        self.optimizers = [build_optimizer(part.parameters(), cfg, device_type) for part in parts]
+        if cfg.name == "AdamW":
+            self.optimizers = [build_optimizer(part.parameters(), cfg, device_type) for part in parts]
+            return
+        rule = cfg.adamw_params or DEFAULT_ADAMW_PARAMS
+        splits = [split_params(part, rule) for part in parts]
+        logger.info(describe_split(splits, rule))
+        self.optimizers = [
+            build_muon([p for _, p in muon], [p for _, p in adamw], cfg, device_type) for muon, adamw in splits
+        ]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers:

@@ -5,9 +5,10 @@
 
 A start that resumes from a checkpoint of this folder continues the recorded run: same run id, restart
 counter + 1. So does a replica group that torchrun restarted (fault_tolerance.enable): it heals from a live
-group, or resumes from the job's checkpoint, and goes on with the job's steps either way. Its config is compared with the record first: a changed value that would break the resume
-(another model, vocabulary, sequence length or data; `BREAKING`) is a ConfigError naming the key and both
-values; any other change (lr, steps, log_freq, layout, ...) is a warning and is listed in run.json.
+group, or resumes from the job's checkpoint, and goes on with the job's steps either way. Its config is
+compared with the record first: a changed value that would break the resume (another model, vocabulary,
+sequence length or data; `BREAKING`) is a ConfigError naming the key and both values; any other change (lr,
+steps, log_freq, layout, ...) is a warning and is listed in run.json.
 A start with nothing to resume is a new run (new id, restart 0); a differing record it replaces is kept as
 `config.<old run id>.toml`, and the warning says so. metrics.jsonl rows carry `run_id` and `restart`, so the
 rows of resumed and repeated runs appended to one file stay apart.

@@ -18,10 +18,10 @@ from titan_debug import (
     Throughput,
     check_finite,
     dump_on_comm_error,
+    is_comm_error,
     seed_everything,
     set_collective_timeout,
 )
-from titan_debug.flight_recorder import is_comm_error
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
 from titan_parallel import build_parallel_model, format_applied

@@ -16,12 +16,11 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
-from titan_debug.caching_allocator import SimulatedOutOfMemory, replay
-from titan_debug.devices import DEFAULT_DEVICE, DeviceSpec, get_device
-from titan_debug.op_trace import OpTrace
+from titan_debug import DEFAULT_DEVICE, DeviceSpec, OpTrace, SimulatedOutOfMemory, get_device, replay
 from titan_models import get_model_spec
 from titan_parallel.model.layout import DataParallel
 from titan_train.config import ConfigError, JobConfig, to_toml
@@ -157,29 +156,30 @@ def _one_replica_groups_batch(config: JobConfig):
     return dataclasses.replace(t, global_batch_size=t.global_batch_size // ft.group_size)
 
 
-def _hidden(config: JobConfig, layout) -> tuple[tuple[int, int, int], torch.dtype]:
+def _hidden(config: JobConfig, args, layout) -> tuple[tuple[int, int, int], torch.dtype]:
     """Shape and dtype of the activations one pipeline stage hands the next."""
     t, dims = config.training, layout.dims
-    spec = get_model_spec(config.model.name)
     microbatch = t.local_batch_size // (layout.pipeline.n_microbatches if layout.pipeline else 1)
     # Sequence-parallel TP shards the sequence between blocks, as context parallelism does.
     sequence = t.seq_len // dims.cp // dims.tp
     dtype = layout.param_dtype if layout.data_parallel.casts_params else torch.float32
-    return (microbatch, sequence, spec.args_for(config.model.flavor).dim), dtype
+    return (microbatch, sequence, args.dim), dtype
 
 
 def simulate(
     config: JobConfig,
+    args,
     world_size: int,
     rank_class: RankClass,
     capacity_bytes: int,
     expandable_segments: bool = False,
     timing: StepTimeSetting | None = None,
 ) -> dict:
-    """Build and run rank `rank_class.representative` of `world_size` on fake tensors; its memory figures and
-    its last step's predicted time (`timing`: by default on DEFAULT_DEVICE, eager)."""
+    """Build and run rank `rank_class.representative` of `world_size` on fake tensors (`args`: the config's model
+    arguments); its memory figures and its last step's predicted time (`timing`: by default on DEFAULT_DEVICE,
+    eager)."""
     layout = resolve_layout(config, world_size)
-    pipeline_hidden = _hidden(config, layout) if layout.pipeline else None
+    pipeline_hidden = _hidden(config, args, layout) if layout.pipeline else None
     env = RunEnv(
         rank=rank_class.representative,
         local_rank=0,
@@ -200,7 +200,7 @@ def simulate(
     except SimulatedOutOfMemory as error:
         reserved, out_of_memory = replay(tracker.events, expandable_segments=expandable_segments), str(error)
     activations = sum(n for phase, n in by_phase.items() if phase.endswith(("forward", "loss")))
-    flops = flops_per_gpu(config, layout)
+    flops = flops_per_gpu(config, args, layout)
     timed, pipeline = time_rank(
         trace.ops, timing, overlapped, trainer, layout, rank_class.representative, pipeline_hidden
     )
@@ -225,14 +225,15 @@ def simulate(
     }
 
 
-def flops_per_gpu(config: JobConfig, layout: Layout) -> int:
-    """The model's training FLOPs of one step, per GPU (MFU's numerator)."""
-    per_token = get_model_spec(config.model.name).flops_per_token(model_args(config), config.training.seq_len)
+def flops_per_gpu(config: JobConfig, args, layout: Layout) -> int:
+    """The model's training FLOPs of one step, per GPU (MFU's numerator); `args`: the config's model arguments."""
+    per_token = get_model_spec(config.model.name).flops_per_token(args, config.training.seq_len)
     return per_token * tokens_per_step(config, layout) // layout.dims.world_size
 
 
 def _simulate_reporting_errors(
     config: JobConfig,
+    args,
     world_size: int,
     rank_class: RankClass,
     capacity_gib: float,
@@ -248,7 +249,7 @@ def _simulate_reporting_errors(
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     try:
         capacity = int(capacity_gib * GIB)
-        return simulate(config, world_size, rank_class, capacity, allocator.expandable_segments, timing)
+        return simulate(config, args, world_size, rank_class, capacity, allocator.expandable_segments, timing)
     except ConfigError:
         raise
     except Exception as error:
@@ -271,7 +272,7 @@ def _warnings(entry: dict, config: JobConfig, layout: Layout, capacity_gib: floa
     if entry["peak_phase"].endswith(("loss", "loss_backward")) and not layout.loss_chunk_tokens:
         found.append(
             f"the peak is in the {entry['peak_phase']} phase (the logits and their gradient): chunk the loss "
-            "with training.loss_chunk_tokens (see README 'Memory-lean training')"
+            "with training.loss_chunk_tokens (see docs/memory.md)"
         )
     backward = sum(n for phase, n in entry["bytes_by_phase_at_peak"].items() if phase.endswith("backward")) / GIB
     if config.parallelism.pipeline_parallel_degree > 1 and backward > 0.25 * entry["peak_active_gib"]:
@@ -302,6 +303,8 @@ class DryRunJob:
 
     config: JobConfig
     """As the user gave it (its layout, its warnings)."""
+    model_args: Any
+    """The model's arguments (config.model_args), computed once for the job and passed to what needs them."""
     world_size: int
     layout: Layout
     unsupported: list[str]
@@ -331,6 +334,7 @@ def prepare_dry_run(
     sim_config, unmodelled = simulated_config(config)
     return DryRunJob(
         config=config,
+        model_args=model_args(config),  # the simulated config's too: what it changes is not the model
         world_size=world_size,
         layout=layout,
         unsupported=unsupported,
@@ -348,6 +352,7 @@ def simulate_class(job: DryRunJob, rank_class: RankClass) -> dict:
     return simulate_in_child(
         _simulate_reporting_errors,
         job.sim_config,
+        job.model_args,
         job.world_size,
         rank_class,
         job.device_memory_gib,
@@ -382,7 +387,7 @@ def finish_report(job: DryRunJob, entries: list[dict], seconds: float) -> dict:
         "device_memory_gib": job.device_memory_gib,
         "allocator": {"expandable_segments": allocator.expandable_segments, "source": allocator.source},
         "unsupported": job.unsupported,
-        "experts": expert_placement(job.config, job.layout),
+        "experts": expert_placement(job.model_args, job.layout),
         "loss": {"chunk_tokens": job.layout.loss_chunk_tokens, "gradients": job.layout.loss_chunk_gradients},
         "rank_classes": entries,
         "step_time": step_time_summary(entries, job.timing),
@@ -397,9 +402,11 @@ def dry_run(
     device_memory_gib: float | None = None,
     every_pipeline_rank: bool = False,
     gpu: DeviceSpec | None = None,
+    gpu_chosen_by: str = "the default",
 ) -> dict:
     """Print the config and the layout, simulate every rank class; print the table, write
-    <dump_folder>/dry_run.json, return the report.
+    <dump_folder>/dry_run.json, return the report. `gpu_chosen_by`: where the choice of `gpu` came from, said
+    in the report's header and its "gpu" entry.
 
     The allocator model follows PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF as the real run would.
     `every_pipeline_rank`: one class per pipeline rank, not one per kind of pipeline rank (rank_classes.py).
@@ -423,6 +430,7 @@ def dry_run(
             futures.append(pool.submit(simulate_class, job, rank_class))
         entries = [future.result() for future in futures]
     report = finish_report(job, entries, time.perf_counter() - start)
+    report["gpu"] = {"name": job.timing.gpu.name, "chosen_by": gpu_chosen_by}
     os.makedirs(config.job.dump_folder, exist_ok=True)
     with open(os.path.join(config.job.dump_folder, "dry_run.json"), "w") as f:
         json.dump(report, f, indent=2)
@@ -430,15 +438,15 @@ def dry_run(
     return report
 
 
-def expert_placement(config: JobConfig, layout: Layout) -> dict | None:
+def expert_placement(args, layout: Layout) -> dict | None:
     """Where each MoE layer's routed experts live (None without expert parallelism): the expert-parallel
     groups (global ranks) and, for each position in a group, the experts it holds; each expert's weights
     are then FSDP-sharded over `expert_fsdp_degree` ranks (the same position in other groups) and
-    replicated `expert_replicas` times (HSDP)."""
+    replicated `expert_replicas` times (HSDP). `args`: the model's arguments."""
     dims = layout.dims
     if dims.ep == 1:
         return None
-    num_experts = model_args(config).moe.num_experts
+    num_experts = args.moe.num_experts
     per_rank = num_experts // dims.ep
     return {
         "num_experts": num_experts,
@@ -451,12 +459,17 @@ def expert_placement(config: JobConfig, layout: Layout) -> dict | None:
     }
 
 
+def _gpu_text(report: dict) -> str:
+    gpu = report.get("gpu")
+    return f"GPU {gpu['name']} ({gpu['chosen_by']}), " if gpu else ""
+
+
 COLUMNS = ("ranks", "peak res", "peak act", "params", "grads", "optim", "activ", "headroom", "peak at")
 
 
 def format_report(report: dict) -> str:
     lines = [
-        f"# dry run: world size {report['world_size']}, {report['steps']} steps, "
+        f"# dry run: world size {report['world_size']}, {report['steps']} steps, {_gpu_text(report)}"
         f"device {report['device_memory_gib']:g} GiB, allocator {_allocator_text(report['allocator'])} "
         "(GiB per rank)",
         "  ".join(f"{c:>9}" for c in COLUMNS[:-1]) + f"  {COLUMNS[-1]}",

@@ -9,7 +9,7 @@ accumulators, each hop overlapped with a block's compute.
 
 from __future__ import annotations
 
-from titan_debug.op_trace import Collective, attention_flops, group_ranks
+from titan_debug import Collective, attention_flops, group_ranks
 
 
 def _ring_attention(bound: dict, backward: bool) -> tuple[int, Collective | None]:

@@ -9,9 +9,7 @@ representative's stage at the same position (the same role and number of blocks:
 
 from __future__ import annotations
 
-from titan_debug.devices import DeviceSpec
-from titan_debug.pipeline_time import simulate_schedule
-from titan_debug.step_time import link_bandwidth
+from titan_debug import DeviceSpec, link_bandwidth, simulate_schedule
 from titan_train.config.parallel_layout import Layout
 
 

@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from titan_debug.alloc_trace import AllocationTracker
-from titan_debug.op_trace import OpTrace
+from titan_debug import AllocationTracker, OpTrace
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout

@@ -11,8 +11,7 @@ import math
 
 import torch.distributed as dist
 
-from titan_debug.devices import DeviceSpec
-from titan_debug.step_time import StepTime, predict
+from titan_debug import DeviceSpec, StepTime, predict_step_time
 from titan_train.config.parallel_layout import Layout
 from titan_train.simulate.pipeline_bubbles import stage_seconds, transfer_seconds
 
@@ -39,7 +38,7 @@ def time_rank(
     ops, timing: StepTimeSetting, overlapped, trainer, layout: Layout, rank: int, pipeline_hidden
 ) -> tuple[StepTime, dict]:
     """The traced step's time on `timing.gpu`, and with pipelining what pipeline_bubbles.py needs of this rank."""
-    timed = predict(ops, timing.gpu, timing.compiled, overlapped_groups=overlapped)
+    timed = predict_step_time(ops, timing.gpu, timing.compiled, overlapped_groups=overlapped)
     pipeline = {}
     if layout.pipeline:
         plan = layout.pipeline

@@ -9,7 +9,7 @@ holds. The same layout is simulated with SHALLOW_BLOCKS blocks per rank (the mes
 the pipeline's stages unchanged; a rank of a looped or V schedule shares them between its two stages), and
 each rank class's figures are extended along the line through the two to the blocks it holds at full depth;
 pipeline stages' forward and backward seconds by their own blocks, and the schedule is then replayed at full
-depth (pipeline_bubbles.py) as for a full dry run.
+depth (simulate/pipeline_bubbles.py) as for a full dry run.
 
 The active peak is the largest of the phases' extended peaks (`peak_active_gib_by_phase`): a step's peak is
 the largest of its phases', so not affine itself; shallow, the loss's logits may outweigh the blocks'
@@ -17,7 +17,7 @@ activations and put the peak where it is not at full depth. The reserved peak ad
 shallow runs' allocator slack (reserved minus active: fragmentation), which is not affine in depth either: it
 may shrink between the shallow runs and grow again (70B: 6.1, 5.6, 5.4 GiB at 2, 4, 8 blocks, 6.3 at 80) or
 grow slowly (8B: 9.7, 10.0, 10.3 at 2, 4, 8, 12.7 at 32); extending its line instead overshot a 405B pipeline
-by 7.8%. Against full dry runs: README "Layout planner" (the reserved peak is the least exact figure, so the
+by 7.8%. Against full dry runs: docs/planner.md (the reserved peak is the least exact figure, so the
 planner dry-runs its first choice again at full depth).
 
 Simulated at full depth instead: models whose blocks differ (MoE layers with dense ones between them), a
@@ -32,7 +32,6 @@ import time
 
 from titan_models import get_model_spec
 from titan_train.config import JobConfig
-from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import tokens_per_step
 from titan_train.simulate.dry_run import DryRunJob, flops_per_gpu, prepare_dry_run
 
@@ -41,21 +40,21 @@ SHALLOW_BLOCKS = (2, 4)
 FSDP's prefetch of the next block and the first block's exposed gather are as at full depth."""
 
 
-def reducible(config: JobConfig, layout) -> bool:
-    """Whether a layout of `config` can be simulated shallow (see above; its checkpoint mode aside) and gains by it."""
-    args, p = model_args(config), config.parallelism
+def reducible(job: DryRunJob) -> bool:
+    """Whether `job` can be simulated shallow (see above; its checkpoint mode aside) and gains by it."""
+    args, p = job.model_args, job.config.parallelism
     moe = getattr(args, "moe", None)
     uniform = moe is None or (moe.sparse_step == 1 and not moe.dense_layers)
     own_split = p.pipeline_parallel_layers_per_stage or p.pipeline_parallel_stage_blocks
-    return uniform and not own_split and sum(_depths(layout)) < args.n_layers
+    return uniform and not own_split and sum(_depths(job.layout)) < args.n_layers
 
 
 def shallow_configs(job: DryRunJob) -> list[JobConfig] | None:
     """The configs of `job`'s two shallow dry runs, or None where it runs at full depth."""
-    if job.config.activation_checkpoint.mode == "auto" or not reducible(job.config, job.layout):
+    if job.config.activation_checkpoint.mode == "auto" or not reducible(job):
         return None
     stages = job.layout.pipeline.num_stages if job.layout.pipeline else 1
-    return [_shallow(job.config, stages, depth // stages) for depth in _depths(job.layout)]
+    return [_shallow(job, stages, depth // stages) for depth in _depths(job.layout)]
 
 
 def _depths(layout) -> list[int]:
@@ -66,12 +65,15 @@ def _depths(layout) -> list[int]:
     return [stages * max(1, blocks // per_rank) for blocks in SHALLOW_BLOCKS]
 
 
-def _shallow(config: JobConfig, stages: int, per_stage: int) -> JobConfig:
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, n_layers=stages * per_stage))
+def _shallow(job: DryRunJob, stages: int, per_stage: int) -> JobConfig:
+    depth = stages * per_stage
+    config = dataclasses.replace(job.config, model=dataclasses.replace(job.config.model, n_layers=depth))
     if stages == 1:
         return config
-    # An even split, every stage `per_stage` blocks (the automatic one gives the ends fewer).
-    blocks = get_model_spec(config.model.name).plan(model_args(config)).block_fqns
+    # An even split, every stage `per_stage` blocks (the automatic one gives the ends fewer). The shallow model's
+    # arguments are the job's at that depth, as model_args() would make them from the shallow config.
+    shallow_args = dataclasses.replace(job.model_args, n_layers=depth)
+    blocks = get_model_spec(config.model.name).plan(shallow_args).block_fqns
     split = [" ".join(blocks[s * per_stage : (s + 1) * per_stage]) for s in range(stages)]
     return dataclasses.replace(
         config, parallelism=dataclasses.replace(config.parallelism, pipeline_parallel_stage_blocks=split)
@@ -96,7 +98,7 @@ def extrapolated_entries(job: DryRunJob, shallow: list[tuple[DryRunJob, list[dic
         entry["segments"] = b["segments"]  # a count, not extended
         entry["out_of_memory"] = None  # the capacity check is the reserved peak's (finish_report's warnings)
         seconds = entry["step_time"]["step_seconds"]
-        entry["flops_per_step"] = flops = flops_per_gpu(job.config, job.layout)
+        entry["flops_per_step"] = flops = flops_per_gpu(job.config, job.model_args, job.layout)
         entry["tokens_per_second_per_gpu"] = tokens_per_step(job.config, job.layout) / job.world_size / seconds
         entry["mfu"] = flops / seconds / job.timing.gpu.bf16_flops
         if job.layout.pipeline:
@@ -123,7 +125,7 @@ def _blocks_of(job: DryRunJob, rank: int) -> int:
     """Blocks the rank holds: its stages' under pipelining, else the model's."""
     plan = job.layout.pipeline
     if plan is None:
-        return model_args(job.config).n_layers
+        return job.model_args.n_layers
     return sum(len(plan.stage_blocks[s]) for s in plan.stage_ids(_pp_rank(job, rank)))
 
 
@@ -185,5 +187,5 @@ def simulate_shallow(job: DryRunJob, simulate) -> ShallowRun | None:
         runs.append((shallow, [simulate(shallow, rank_class) for rank_class in shallow.classes]))
         seconds.append(time.perf_counter() - began)
     depths = [config.model.n_layers for config in configs]
-    full = model_args(job.config).n_layers
+    full = job.model_args.n_layers
     return ShallowRun(extrapolated_entries(job, runs), depths, max(0.0, _extended(*seconds, *depths, full)))

@@ -32,24 +32,17 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from titan_debug.devices import DeviceSpec
+from titan_debug import DeviceSpec
 from titan_train.config import ConfigError, JobConfig, to_toml
 from titan_train.config.parallel_layout import tokens_per_step
-from titan_train.simulate.dry_run import (
-    DryRunJob,
-    finish_report,
-    prepare_dry_run,
-    resolve_dry_run_layout,
-    simulate_class,
-)
-from titan_train.simulate.plan_bounds import (
+from titan_train.plan.plan_bounds import (
     ModelSize,
     block_input_tokens,
     held_bytes,
     memory_lower_bound,
     time_estimate,
 )
-from titan_train.simulate.plan_space import (
+from titan_train.plan.plan_space import (
     CHECKPOINT_MODES,
     HEAVIER_OR_EQUAL,
     LEVERS,
@@ -57,7 +50,14 @@ from titan_train.simulate.plan_space import (
     candidate_of,
     enumerate_candidates,
 )
-from titan_train.simulate.shallow_depth import SHALLOW_BLOCKS, reducible, simulate_shallow
+from titan_train.plan.shallow_depth import SHALLOW_BLOCKS, reducible, simulate_shallow
+from titan_train.simulate.dry_run import (
+    DryRunJob,
+    finish_report,
+    prepare_dry_run,
+    resolve_dry_run_layout,
+    simulate_class,
+)
 
 logger = logging.getLogger("titan")
 GIB = 1024**3
@@ -317,7 +317,7 @@ class Planner:
         except ConfigError as error:
             outcome.status, outcome.detail = "refused", str(error)
             return
-        shallow = not (full_depth or s.full_depth or outcome.is_input) and reducible(job.config, job.layout)
+        shallow = not (full_depth or s.full_depth or outcome.is_input) and reducible(job)
         if shallow and outcome.candidate.checkpoint == "auto":
             outcome.status = "not simulated"
             outcome.detail = (

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from titan_debug.devices import DeviceSpec
+from titan_debug import DeviceSpec
 from titan_models import get_model_spec
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
-from titan_train.simulate.plan_space import Candidate
+from titan_train.plan.plan_space import Candidate
 
 BYTES_PER_PARAM = 4 + 4 + 8
 """The fp32 parameter (FSDP's sharded copy under mixed precision), its fp32 gradient, AdamW's two fp32 states."""

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from titan_train.config.loader import format_toml_value
-from titan_train.simulate.planner import Outcome, PlanSettings, ranked
+from titan_train.plan.planner import Outcome, PlanSettings, ranked
 
 COLUMNS = ("#", "tokens/s/GPU", "MFU", "memory", "bound by", "compute/comm/bubble/host", "layout")
 
