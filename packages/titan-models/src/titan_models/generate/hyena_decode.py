@@ -4,17 +4,22 @@ State per layer: the last short_filter_len - 1 projections (for the short convol
 together, one OnlineConv over every layer's filter channels. Per token, each layer does only O(1)-in-L
 work (projections, short conv, gates, h[0] x_t + the pending sum, MLP); the long convolutions' history
 work runs once per step for all layers (`push`), because at step t every layer's inputs up to t exist.
+On CUDA the whole step runs as a captured graph per tile size (hyena_step.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 import torch
 
+from titan_models.generate.hyena_step import STEP_KINDS, CudaGraphSteps, StaticStep, tile_sizes
 from titan_models.generate.online_conv import make_online_conv
 from titan_models.hyena.model import HyenaLM
+
+logger = logging.getLogger("titan")
 
 
 class HyenaDecoder:
@@ -23,7 +28,9 @@ class HyenaDecoder:
     prefill(tokens [B, P], valid=None) -> logits [B, P, V], then step(tokens [B]) -> logits [B, V] per new
     token; prompts of different lengths are left-padded, with `valid` marking the padding.
     strategy: "lazy", "eager" or "flash" (see online_conv.py); all give the same outputs up to rounding.
-    direct_max: the largest flash tile computed as a direct product. clock: what `mixing_seconds` counts.
+    direct_max: the largest flash tile computed as a direct product (None: measured on this device and dtype,
+    tile_crossover.py). clock: what `mixing_seconds` counts. step_kind: "sliced", "static" or "cuda_graph"
+    (hyena_step.py; None: cuda_graph on CUDA, sliced elsewhere).
     """
 
     def __init__(
@@ -32,8 +39,9 @@ class HyenaDecoder:
         max_len: int,
         strategy: str = "flash",
         batch_size: int = 1,
-        direct_max: int = 8,
+        direct_max: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        step_kind: str | None = None,
     ):
         if model.tok_embeddings is None or model.output is None:
             raise ValueError("HyenaDecoder needs the whole model; this one is a pipeline stage")
@@ -55,6 +63,31 @@ class HyenaDecoder:
             for _ in self.layers
         ]
         self.t = 0
+        device_type = self.short_cache[0].device.type
+        self.step_kind = step_kind or ("cuda_graph" if device_type == "cuda" else "sliced")
+        if self.step_kind not in STEP_KINDS:
+            raise ValueError(f"step_kind={self.step_kind!r} is not a step kind; use one of {', '.join(STEP_KINDS)}")
+        if self.step_kind == "cuda_graph" and device_type != "cuda":
+            raise ValueError(f"step_kind='cuda_graph' needs a CUDA model; this one is on {device_type}")
+        self.static_step = StaticStep(self)
+        self.position = torch.zeros((), dtype=torch.long, device=self.short_cache[0].device)
+        self.graphs = None
+        if self.step_kind == "cuda_graph":
+            try:
+                self.graphs = CudaGraphSteps(self, tile_sizes(max_len))
+            except RuntimeError as error:
+                if step_kind is not None:
+                    raise
+                # The default on CUDA, not yet proven on every GPU and torch: the exact eager step serves instead.
+                logger.warning(f"generation: CUDA graph capture failed ({error}); stepping eagerly ('sliced')")
+                self.step_kind = "sliced"
+                self.reset_state()
+
+    def reset_state(self) -> None:
+        """Zero what generation writes (after CUDA graph capture's warm-up runs, before any prefill)."""
+        self.conv.reset()
+        for cache in self.short_cache:
+            cache.zero_()
 
     @property
     def mixing_seconds(self) -> float:
@@ -65,6 +98,22 @@ class HyenaDecoder:
         """Bytes kept between steps: the long convolutions' state plus the short convolutions' caches."""
         caches = sum(c.numel() * c.element_size() for c in self.short_cache)
         return self.conv.state_bytes() + caches + self.h0_plus_skip.numel() * self.h0_plus_skip.element_size()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes as the Flash Inference paper counts them: `history` (every layer's long-convolution inputs
+        and accumulated outputs, O(L x D) per layer: `history_per_layer`), `filters` (the time-domain filters),
+        `spectra` (flash's cached tile kernels), `scratch` (kept step buffers), `small` (short-conv caches,
+        h[0] + D), `transient` (the largest temporary of one step: flash's biggest tile) and `state`
+        (everything kept: state_bytes())."""
+        counts = self.conv.memory()
+        small = sum(c.numel() * c.element_size() for c in self.short_cache)
+        small += self.h0_plus_skip.numel() * self.h0_plus_skip.element_size()
+        return {
+            **counts,
+            "history_per_layer": counts["history"] // len(self.layers),
+            "small": small,
+            "state": self.state_bytes(),
+        }
 
     def _channels(self, layer: int, i: int) -> slice:
         """The OnlineConv channels of filter i of `layer` (channel-major within the layer)."""
@@ -109,15 +158,29 @@ class HyenaDecoder:
         t = self.t
         if t >= self.max_len:
             raise RuntimeError(f"HyenaDecoder holds {self.max_len} positions; all are used")
+        if self.graphs is not None:
+            logits = self.graphs(tokens, t, self.conv.tile_at(t))
+        elif self.step_kind == "static":
+            self.position.fill_(t)
+            logits = self.static_step(tokens, self.position, self.conv.tile_at(t))
+        else:
+            logits, inputs = self.run_layers(tokens, self.conv.pending(t))  # pending: known before the step
+            self.conv.push(t, inputs)
+        self.t = t + 1
+        return logits
+
+    def run_layers(self, tokens: torch.Tensor, pending: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per sequence [B] through every layer, given every layer's pending sums [B, C]; returns
+        (logits [B, V], the long convolutions' inputs [B, C] to record). Updates the short-conv caches in
+        place (a captured graph replays on the same buffers)."""
         x = self.model.tok_embeddings(tokens)
-        pending = self.conv.pending(t)  # [B, C]: every layer's sum over s < t, known before the step
         inputs = torch.empty_like(pending)
         n_filters = self.order - 1
         for index, layer in enumerate(self.layers):
             op = layer.mixer
             u = op.in_proj(layer.mixer_norm(x))  # [B, (N+1) * dim]
             window = torch.cat([self.short_cache[index], u.unsqueeze(-1)], dim=-1)
-            self.short_cache[index] = window[..., 1:]
+            self.short_cache[index].copy_(window[..., 1:])
             u = (window * op.short_filter.weight).sum(-1) + op.short_filter.bias
             *gates, v = op.split(u)
             block = slice(index * self.filter_channels, (index + 1) * self.filter_channels)
@@ -129,6 +192,4 @@ class HyenaDecoder:
                 v = (layer_pending[..., i] + self.h0_plus_skip[index, :, i] * v).to(v.dtype)
             x = x + op.out_proj(v * gates[0])
             x = x + layer.feed_forward(layer.ffn_norm(x))
-        self.conv.push(t, inputs)
-        self.t = t + 1
-        return self.model.output(self.model.norm(x))
+        return self.model.output(self.model.norm(x)), inputs

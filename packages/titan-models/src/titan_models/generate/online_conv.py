@@ -8,6 +8,12 @@ generation: x_t is known only after y_{t-1} went through the network. Three stra
 All keep the inputs [C, B, L] and read, at step t, `pending(t)` = sum_{s < t} h[t - s] x_s; the model adds
 the h[0] x_t term itself (it is on the token's critical path). One instance holds every layer's channels,
 so each step's work for all layers is one batched operation. A prompt is prefilled with FFTs.
+
+Each strategy has two forms of its step: `pending(t)` / `push(t, x_t)` with the position a Python int (slices
+as long as the history: least work, a new shape every step), and `pending_at(position)` / `record_at(...)` /
+`push_at(position, tile)` with the position a 0-d device tensor and shapes fixed per tile size, so a step can
+be captured once per tile size as a CUDA graph (hyena_step.py). The fixed-shape lazy and eager forms work over
+all L positions every step (the not-yet-written ones are zeros), twice the arithmetic of the sliced forms.
 """
 
 from __future__ import annotations
@@ -17,9 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from titan_models.generate.tile_crossover import measure_direct_max
 from titan_models.generate.tiling import TileKernels, tile_size
 
 STRATEGIES = ("lazy", "eager", "flash")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _fft_conv_full(x: torch.Tensor, h: torch.Tensor, length: int) -> torch.Tensor:
@@ -61,10 +72,23 @@ class OnlineConv:
 
     def state_bytes(self) -> int:
         """Bytes of the tensors this convolution keeps between steps (temporaries of a step not included)."""
-        return sum(t.numel() * t.element_size() for t in self._state())
+        return sum(_nbytes(t) for t in self._state())
 
     def _state(self) -> list[torch.Tensor]:
-        return [self.h, self.x]
+        return [tensor for group in self._state_groups().values() for tensor in group]
+
+    def _state_groups(self) -> dict[str, list[torch.Tensor]]:
+        """The kept tensors by what the paper counts: history (inputs and accumulated outputs: O(L) per channel
+        and row), filters (the time-domain filter and copies of it), spectra (flash's tile kernels), scratch."""
+        return {"history": [self.x], "filters": [self.h], "spectra": [], "scratch": []}
+
+    def memory(self) -> dict[str, int]:
+        """Bytes per group of _state_groups, plus `transient`: the largest temporary one step allocates."""
+        counts = {name: sum(_nbytes(t) for t in group) for name, group in self._state_groups().items()}
+        return {**counts, "transient": self._transient_bytes()}
+
+    def _transient_bytes(self) -> int:
+        return 0  # lazy and eager work in place or into kept buffers; their sums are [B, C]
 
     def pending(self, t: int) -> torch.Tensor:
         """[B, C]: sum over s < t of h[t - s] x_s."""
@@ -86,6 +110,27 @@ class OnlineConv:
     def _push(self, t: int) -> None:
         raise NotImplementedError
 
+    def reset(self) -> None:
+        """Zero the history (the filters and their kernels stay)."""
+        for tensor in self._state_groups()["history"]:
+            tensor.zero_()
+        self.start = 0
+
+    def tile_at(self, t: int) -> int:
+        """The push size after input t (a host-side int: which captured step to run); 0 when none is needed."""
+        return 1 if t + 1 < self.length else 0
+
+    def pending_at(self, position: torch.Tensor) -> torch.Tensor:
+        """pending(t) for t held in a 0-d int64 tensor on the device, without reading it on the host."""
+        raise NotImplementedError
+
+    def record_at(self, position: torch.Tensor, x_t: torch.Tensor) -> None:
+        """Store input x_t [B, C] at the position held in `position` (no host read)."""
+        self.x.index_copy_(2, position.view(1), x_t.transpose(0, 1).unsqueeze(-1).to(self.x.dtype))
+
+    def push_at(self, position: torch.Tensor, tile: int) -> None:
+        """push()'s work after record_at, for the tile size that tile_at(t) gave (0: nothing)."""
+
 
 class LazyConv(OnlineConv):
     """A dot product over the history at each step."""
@@ -96,8 +141,9 @@ class LazyConv(OnlineConv):
         # Products land here, then are summed: 2-3x faster on CPU than bmm's C tiny matrix-vector products.
         self.products = torch.empty_like(self.x)
 
-    def _state(self) -> list[torch.Tensor]:
-        return [*super()._state(), self.h_reversed, self.products]
+    def _state_groups(self) -> dict[str, list[torch.Tensor]]:
+        groups = super()._state_groups()
+        return {**groups, "filters": [self.h, self.h_reversed], "scratch": [self.products]}
 
     def _pending(self, t: int) -> torch.Tensor:
         # h[t - s] for s = 0..t-1 is h_reversed[L - 1 - t + s].
@@ -108,6 +154,12 @@ class LazyConv(OnlineConv):
     def _push(self, t: int) -> None:
         pass
 
+    def pending_at(self, position: torch.Tensor) -> torch.Tensor:
+        # Over all L inputs: those at s >= t are still zeros, so lag max(t - s, 0) is as good as any there.
+        lags = (position - torch.arange(self.length, device=position.device)).clamp_(min=0)
+        products = torch.mul(self.x, self.h.index_select(1, lags)[:, None, :], out=self.products)
+        return products.sum(-1).transpose(0, 1)
+
 
 class _Accumulating(OnlineConv):
     """Keeps acc[C, B, L]: the contributions of earlier inputs to each output, filled ahead of time."""
@@ -116,8 +168,9 @@ class _Accumulating(OnlineConv):
         super().__init__(h, batch_size, clock)
         self.acc = torch.zeros_like(self.x)
 
-    def _state(self) -> list[torch.Tensor]:
-        return [*super()._state(), self.acc]
+    def _state_groups(self) -> dict[str, list[torch.Tensor]]:
+        groups = super()._state_groups()
+        return {**groups, "history": [self.x, self.acc]}
 
     def _prefill(self, x: torch.Tensor, channels: slice) -> torch.Tensor:
         # One FFT gives the prompt's outputs and its contributions to every later position.
@@ -129,6 +182,9 @@ class _Accumulating(OnlineConv):
     def _pending(self, t: int) -> torch.Tensor:
         return self.acc[:, :, t].transpose(0, 1)
 
+    def pending_at(self, position: torch.Tensor) -> torch.Tensor:
+        return self.acc.index_select(2, position.view(1)).squeeze(-1).transpose(0, 1)
+
 
 class EagerConv(_Accumulating):
     """Each new input pushes its contribution into every later output."""
@@ -138,18 +194,47 @@ class EagerConv(_Accumulating):
         if rest > 0:
             self.acc[:, :, t + 1 :].addcmul_(self.h[:, None, 1 : rest + 1], self.x[:, :, t : t + 1])
 
+    def push_at(self, position: torch.Tensor, tile: int) -> None:
+        if tile == 0:
+            return
+        # Output k gets h[k - t] x_t for k > t: the filter shifted by t, zero at and before t.
+        lags = torch.arange(self.length, device=position.device) - position
+        shifted = self.h.index_select(1, lags.clamp(min=0)) * (lags > 0)
+        x_t = self.x.index_select(2, position.view(1))
+        self.acc.addcmul_(shifted[:, None, :], x_t)
+
 
 class FlashConv(_Accumulating):
     """Tiles of growing size (tiling.py): small ones as direct Toeplitz products, large ones by FFT."""
 
     def __init__(
-        self, h: torch.Tensor, batch_size: int, direct_max: int = 8, clock: Callable[[], float] = time.perf_counter
+        self,
+        h: torch.Tensor,
+        batch_size: int,
+        direct_max: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         super().__init__(h, batch_size, clock)
+        if direct_max is None:  # measured on this device (tile_crossover.py)
+            direct_max = measure_direct_max(batch_size, h.dtype, h.device)
         self.kernels = TileKernels(h, direct_max)
 
-    def _state(self) -> list[torch.Tensor]:
-        return [*super()._state(), *self.kernels.toeplitz.values(), *self.kernels.spectra.values()]
+    def _state_groups(self) -> dict[str, list[torch.Tensor]]:
+        kernels = [*self.kernels.toeplitz.values(), *self.kernels.spectra.values()]
+        return {**super()._state_groups(), "spectra": kernels}
+
+    def _transient_bytes(self) -> int:
+        """The largest tile's temporaries. FFT tile: the inputs' spectrum and its product with the filter's,
+        each [C, B, U + 1] complex, alive together (irfft's [C, B, 2U] real output is no larger than one of
+        them). Direct tile: its [C, B, U] product. U: the largest power of two <= the generated positions - 1."""
+        generated = self.length - 1 - self.start
+        if generated < 1:
+            return 0
+        size = 1 << (generated.bit_length() - 1)
+        rows = self.channels * self.x.shape[1]
+        if size <= self.kernels.direct_max:
+            return rows * size * self.h.element_size()
+        return 2 * rows * (size + 1) * 2 * self.h.element_size()
 
     def _push(self, t: int) -> None:
         i = t + 1
@@ -159,15 +244,29 @@ class FlashConv(_Accumulating):
         end = min(i + size, self.length)
         self.acc[:, :, i:end] += self.kernels(self.x[:, :, i - size : i])[..., : end - i]
 
+    def tile_at(self, t: int) -> int:
+        return tile_size(t + 1 - self.start) if t + 1 < self.length else 0
+
+    def push_at(self, position: torch.Tensor, tile: int) -> None:
+        if tile == 0:
+            return
+        offsets = torch.arange(tile, device=position.device)
+        contribution = self.kernels(self.x.index_select(2, position + 1 - tile + offsets))
+        # Outputs past the end are dropped: their contributions become zeros added to the last position.
+        outputs = position + 1 + offsets
+        inside = outputs < self.length
+        self.acc.index_add_(2, outputs.clamp(max=self.length - 1), contribution * inside)
+
 
 def make_online_conv(
     strategy: str,
     h: torch.Tensor,
     batch_size: int,
-    direct_max: int = 8,
+    direct_max: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> OnlineConv:
-    """An online convolution of filters h [C, L] for `batch_size` sequences of up to L positions."""
+    """An online convolution of filters h [C, L] for `batch_size` sequences of up to L positions. direct_max:
+    flash's largest direct-product tile (None: measured on h's device, tile_crossover.py)."""
     if strategy == "lazy":
         return LazyConv(h, batch_size, clock)
     if strategy == "eager":

@@ -1,4 +1,4 @@
-"""Llama 3's args are the decoder's (titan_models.decoder.args); this path is kept until 0.17."""
+"""Llama 3's args are the decoder's (titan_models.decoder.args); this path is kept until 0.18."""
 
 from titan_models.decoder.args import DecoderArgs as Llama3Args
 from titan_models.decoder.rope import RopeScaling, YarnScaling

@@ -1,5 +1,5 @@
 """Llama 3 is the decoder (titan_models.decoder.model.Decoder), built from Llama 3's args. The decoder's parts
-lived here before 0.16; these names are kept until 0.17."""
+lived here before 0.16; these names are kept until 0.18."""
 
 from titan_models.decoder.attention import Attention, repeat_kv
 from titan_models.decoder.block import TransformerBlock

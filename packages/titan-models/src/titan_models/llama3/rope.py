@@ -1,4 +1,4 @@
-"""Rotary embeddings moved to titan_models.decoder.rope in 0.16; this path is kept until 0.17."""
+"""Rotary embeddings moved to titan_models.decoder.rope in 0.16; this path is kept until 0.18."""
 
 from titan_models.decoder.rope import (
     RopeScaling,

@@ -1,6 +1,6 @@
 """Named Qwen3 sizes: the published shapes (each model's config.json on the Hugging Face Hub) and small ones for
 CPU. `hf:<folder>` reads a folder's config.json, as for Llama 3. (Qwen3-MoE's are titan_models.qwen3_moe's;
-MOE_FLAVORS is kept here until 0.17.)"""
+MOE_FLAVORS is kept here until 0.18.)"""
 
 from __future__ import annotations
 

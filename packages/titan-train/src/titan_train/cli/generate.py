@@ -191,10 +191,34 @@ def run(argv: list[str]) -> str | None:
         f"{decoding})",
         file=sys.stderr,
     )
+    if decoding == "flash":
+        print(f"[titan-generate] {flash_memory_line(model, prompt_ids, options.max_new_tokens)}", file=sys.stderr)
     if not options.batch_file:
         return None  # already written, as it came
     texts = [prompt + tokenizer.decode(row) for prompt, row in zip(prompts, rows, strict=True)]
     return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, texts, strict=True))
+
+
+def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int) -> str:
+    """Flash generation's memory as the Flash Inference paper counts it (titan_models.generate.flash_memory)."""
+    from titan_models.generate.flash_memory import flash_memory
+    from titan_models.generate.tile_crossover import measure_direct_max
+
+    weight = model.output.weight
+    filter_dtype = torch.promote_types(weight.dtype, torch.float32)  # filters and FFTs run in float32 at least
+    prompt_len = max(len(p) for p in prompt_ids)
+    rows = len(prompt_ids)
+    direct_max = measure_direct_max(rows, filter_dtype, weight.device)  # cached: what the decoder used
+    itemsize = filter_dtype.itemsize
+    counts = flash_memory(model.args, prompt_len + max_new_tokens, rows, prompt_len, direct_max, itemsize,
+                          weight.dtype.itemsize)  # fmt: skip
+    mib = {name: count / 2**20 for name, count in counts.items()}
+    return (
+        f"flash memory: state {mib['state']:.1f} MiB = history {mib['history']:.1f} MiB "
+        f"({mib['history_per_layer']:.1f} MiB per layer) + filters {mib['filters']:.1f} MiB + cached spectra "
+        f"{mib['spectra']:.1f} MiB + caches {mib['small']:.1f} MiB; largest transient (biggest tile) "
+        f"{mib['transient']:.1f} MiB"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
