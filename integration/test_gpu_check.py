@@ -262,6 +262,24 @@ def test_the_hyena_figures_are_read_from_the_bench_lines_as_they_come():
     assert list(partial[(1024, 1)]) == ["lazy"] and not no_verdict and hyena.ratios(partial) == {}
 
 
+GRAPH_BENCH_OUTPUT = """
+  L=4096 B=1 lazy/sliced setup 0.01s prefill 0.013s mixing 9.00s end-to-end 12.00s state 16.0 MiB peak 16.2 MiB
+  L=4096 B=1 lazy/cuda_graph setup 0.01s prefill 0.013s mixing      nans end-to-end 10.00s state 16.0 MiB peak 1 MiB
+  L=4096 B=1 flash/sliced setup 0.02s prefill 0.013s mixing 0.50s end-to-end 4.00s state 20.3 MiB peak 28.3 MiB
+  L=4096 B=1 flash/cuda_graph setup 0.02s prefill 0.013s mixing      nans end-to-end 2.00s state 20.3 MiB peak 1 MiB
+"""
+
+
+def test_each_step_kind_is_compared_with_flash_of_the_same_kind():
+    rows, _ = hyena.parse(GRAPH_BENCH_OUTPUT)  # as the bench prints a graph's mixing time: f"{nan:8.2f}s"
+    figures = hyena.ratios(rows)
+    assert figures == {
+        "L4096_B1_lazy_mixing_x": pytest.approx(18.0),  # today's step: the names the claims read
+        "L4096_B1_lazy_e2e_x": pytest.approx(3.0),
+        "L4096_B1_lazy_cuda_graph_e2e_x": pytest.approx(5.0),  # a graph has no mixing time of its own
+    }
+
+
 def test_training_figures_loss_trend_and_table1_order():
     rows = [{"loss": loss, "tps": 100.0 * (i + 1)} for i, loss in enumerate([8.0, 7.9, 7.8, 7.0, 6.0, 5.0])]
     first, last, falls = training.loss_trend(rows)
@@ -360,10 +378,11 @@ def test_a_claim_without_figures_is_not_measured_and_a_failed_check_keeps_its_ow
     (hyena_check,) = select(["hyena_flash"])
     unmeasured = apply_claims(record_for(hyena_check, "pass"), hyena_check.claims, cuda=True)
     assert unmeasured["status"] == "pass" and {v["verdict"] for v in unmeasured["claims"]} == {"not measured"}
-    slow = {**record_for(hyena_check, "timeout", "timed out after 90 s"), "figures": {"L4096_B1_lazy_mixing_x": 0.69}}
+    slow_figures = {"L16384_B1_lazy_mixing_x": 0.69, "L16384_B1_lazy_e2e_x": 0.97}
+    slow = {**record_for(hyena_check, "timeout", "timed out after 90 s"), "figures": slow_figures}
     judged = apply_claims(slow, hyena_check.claims, cuda=True)
     assert judged["status"] == "timeout" and judged["reason"] == "timed out after 90 s"
-    assert [v["verdict"] for v in judged["claims"]] == ["fail", "fail"]
+    assert [v["verdict"] for v in judged["claims"]] == ["fail", "fail", "fail"]
 
 
 CLAIMED = (
