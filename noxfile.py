@@ -108,7 +108,7 @@ def integration(session: nox.Session) -> None:
     """The trainer on CPU/gloo ranks (forked from a process that imported torch once: integration/launch_helpers.py;
     torchrun itself where the launch is what a test checks); transformers checks the HF export."""
     _install(session, *PACKAGES)
-    session.install("-c", CONSTRAINTS, "transformers")
+    session.install("-c", CONSTRAINTS, "transformers", "peft")  # peft: the LoRA export's reference
     # The slowest cases in every log: what to look at when the suite's time has to come down.
     # Its slow cases too; the stress ones (ten kills in a row, the GPU check's full rehearsal: what shorter cases
     # check, repeated) only in `nox -s slow`.

@@ -34,9 +34,9 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 
 def full_grads(parts: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
-    return merged_over_ranks(
-        {clean_fqn(name): full(param.grad) for part in parts for name, param in part.named_parameters()}
-    )
+    # Frozen parameters (a LoRA base) have no gradient.
+    named = [(name, param) for part in parts for name, param in part.named_parameters() if param.grad is not None]
+    return merged_over_ranks({clean_fqn(name): full(param.grad) for name, param in named})
 
 
 def merged_over_ranks(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -2,8 +2,8 @@
 newcomer reads a room without the ones above it, and a dependency that would close a loop between rooms is
 caught the day it is written (counting imports inside functions, as the cycle test does).
 
-titan_train: cli -> plan -> simulate -> run, generate -> config -> data (the planner drives the dry run, which drives
-the run, never the reverse).
+titan_train: cli -> plan -> simulate -> run (-> lora), generate -> config -> data (the planner drives the dry run,
+which drives the run, never the reverse).
 titan_parallel: model (the apply order) -> one folder per parallelism -> mesh, params, options; the parallelisms
 do not import each other, except where one's rule is about another: AC saves ring attention's outputs and auto
 AC traces the loss head; SimpleFSDP refuses compiled whole-block checkpoints (ac's rule).
@@ -27,7 +27,8 @@ ALLOWED = {
         "plan": {"simulate", "run", "config", "data"},
         "simulate": {"run", "config", "data"},
         "generate": {"config", "data"},
-        "run": {"config", "data"},
+        "run": {"config", "data", "lora"},
+        "lora": {"config"},
         "config": {"data"},
         "data": set(),
     },

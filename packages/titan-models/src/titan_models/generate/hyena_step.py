@@ -9,12 +9,13 @@ the host; `torch.compile(..., fullgraph=True)` proves it on a CPU (tests/generat
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # hyena_decode builds these; importing it here would be circular
-    from titan_models.generate.hyena_decode import HyenaDecoder
+# The decoder these steps run is hyena_decode's HyenaDecoder, which builds them: typed Any here, so the two
+# modules do not import each other.
+HyenaDecoder = Any
 
 STEP_KINDS = ("sliced", "static", "cuda_graph")
 """sliced: the position a host int, history slices as long as it (least work; CPU default). static: the

@@ -409,6 +409,23 @@ class DryRun:
 
 
 @dataclass
+class Lora:
+    """[lora]: low-rank adapters (LoRA) trained on a frozen base, exported in peft's layout (docs/lora.md)."""
+
+    enable: bool = False
+    """Freeze the model and train adapters on the layers target_modules names: y = W x + B A x * alpha / rank."""
+    rank: int = 8
+    """Rank r of each adapter: A is r x in_features, B is out_features x r."""
+    alpha: float = 16.0
+    """Scale of the adapters' output: alpha / rank (peft's lora_alpha)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input (peft's lora_dropout); 0 for none."""
+    target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
+    """Linear layers to adapt, by last name (wq, wk, wv, wo, w1, w2, w3, output) or whole name with wildcards
+    (layers.*.attention.wq)."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -428,3 +445,4 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     dry_run: DryRun = field(default_factory=DryRun)
+    lora: Lora = field(default_factory=Lora)

@@ -91,6 +91,7 @@ def validate(config: JobConfig) -> None:
     _validate_document_masking(config)
     _validate_validation(config)
     _validate_fault_tolerance(config)
+    _validate_lora(config)
 
 
 def _validate_switched_off_values(config: JobConfig) -> None:
@@ -265,4 +266,27 @@ def _validate_fault_tolerance(config: JobConfig) -> None:
         f"parallelism.data_parallel_replicate_degree={config.parallelism.data_parallel_replicate_degree} with "
         "fault_tolerance.enable=true: the replica groups are the replicated dimension; set it to 1 (shard within "
         "a group with data_parallel_shard_degree)",
+    )
+
+
+def _validate_lora(config: JobConfig) -> None:
+    lora = config.lora
+    _require(lora.rank >= 1, f"lora.rank={lora.rank} must be >= 1")
+    _require(lora.alpha > 0, f"lora.alpha={lora.alpha} must be > 0")
+    _require(0 <= lora.dropout < 1, f"lora.dropout={lora.dropout} must be in [0, 1)")
+    _require(bool(lora.target_modules), "lora.target_modules=[] must name at least one linear layer, e.g. wq,wv")
+    if not lora.enable:
+        return
+    # Refused before any work until they exist, rather than failing at the end of a run or at its first load.
+    _require(
+        not config.checkpoint.export_safetensors,
+        "lora.enable=true with checkpoint.export_safetensors=true: the end-of-run Hugging Face export of a LoRA "
+        "model is not built yet; set checkpoint.export_safetensors=false and export the adapters with "
+        "titan_train.lora.export_peft_adapter (docs/lora.md)",
+    )
+    _require(
+        not config.checkpoint.initial_load_path,
+        f"lora.enable=true with checkpoint.initial_load_path={config.checkpoint.initial_load_path!r}: loading a base "
+        "without adapters into a LoRA model is not built yet (the adapters' keys are missing from it); train LoRA "
+        "from a seed checkpoint or from scratch for now (docs/lora.md)",
     )

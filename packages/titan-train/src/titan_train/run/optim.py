@@ -84,13 +84,18 @@ def build_lr_scheduler(optimizer, cfg: LRScheduler, total_steps: int) -> torch.o
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, total_steps=total_steps, cfg=cfg))
 
 
+def trainable(part: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in part.parameters() if p.requires_grad]
+
+
 class Optimizers:
     """One optimizer per model part (this rank's pipeline stages; one part without pipelining), stepped
     together. One each, because a checkpoint keys optimizer state by each part's parameter names."""
 
     def __init__(self, parts: list[torch.nn.Module], cfg: Optimizer, device_type: str):
+        # Frozen parameters (a LoRA base) get no optimizer state: only the trainable ones are handed over.
         if cfg.name == "AdamW":
-            self.optimizers = [build_optimizer(part.parameters(), cfg, device_type) for part in parts]
+            self.optimizers = [build_optimizer(trainable(part), cfg, device_type) for part in parts]
             return
         rule = cfg.adamw_params or DEFAULT_ADAMW_PARAMS
         splits = [split_params(part, rule) for part in parts]

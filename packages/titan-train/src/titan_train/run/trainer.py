@@ -31,6 +31,7 @@ from titan_train.config.parallel_layout import Layout, resolve_layout
 from titan_train.data import build_dataloader
 from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
+from titan_train.lora import init_adapters, with_lora
 from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, run_states, write_seed_checkpoint
 from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
@@ -78,9 +79,10 @@ class Trainer:
         float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
-            env.device, loss_fn=cross_entropy, seed=t.seed, converter=float8,
+            env.device, loss_fn=cross_entropy, seed=t.seed, converter=with_lora(float8, config.lora),
             token_kwargs=document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id),
         )  # fmt: skip
+        init_adapters(self.parallel_model.parts, t.seed)  # the model's own init_weights knows no adapters
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
         self.dataloader = batches if batches is not None else self._build_dataloader()
