@@ -9,13 +9,26 @@ the host; `torch.compile(..., fullgraph=True)` proves it on a CPU (tests/generat
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Protocol
 
 import torch
+from torch import nn
 
-# The decoder these steps run is hyena_decode's HyenaDecoder, which builds them: typed Any here, so the two
-# modules do not import each other.
-HyenaDecoder = Any
+from titan_models.generate.online_conv import OnlineConv
+
+
+class HyenaDecoder(Protocol):
+    """What the steps use of the decoder they run: hyena_decode's HyenaDecoder, which builds them (a Protocol,
+    so the two modules do not import each other)."""
+
+    model: nn.Module
+    conv: OnlineConv
+    max_len: int
+
+    def run_layers(self, tokens: torch.Tensor, pending: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def reset_state(self) -> None: ...
+
 
 STEP_KINDS = ("sliced", "static", "cuda_graph")
 """sliced: the position a host int, history slices as long as it (least work; CPU default). static: the
