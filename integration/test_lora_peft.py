@@ -1,6 +1,9 @@
 """LoRA against peft, the reference: one training step on the same base, data and adapters gives the same
 gradients and parameters, and the exported adapter folder loads with `peft.PeftModel.from_pretrained` onto the
-Hugging Face base with our logits. Tolerance: float32, 1e-5 relative (the two models' kernels differ)."""
+Hugging Face base with our logits; the trainer's end-of-run export of a LoRA run started from a Hugging Face
+folder gives a merged folder transformers loads with our logits and an adapter peft loads onto that base with
+them; an adapter peft saved imports with peft's logits. Tolerance: float32, 1e-5 relative (the two models'
+kernels differ)."""
 
 import copy
 
@@ -12,8 +15,12 @@ import transformers
 
 from titan_checkpoint import adapter_from_hf_folder, load_hf_into_model
 from titan_models import get_model_spec
+from titan_train.config import load_config, parse_argv
 from titan_train.config.sections import Lora
 from titan_train.lora import apply_lora, export_peft_adapter, init_adapters, peft_state_dict
+from titan_train.lora.peft_import import check_peft_adapter, load_peft_adapter
+from titan_train.run.distributed import init_distributed
+from titan_train.run.trainer import Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 HF_TARGETS = {"wq": "q_proj", "wk": "k_proj", "wv": "v_proj", "wo": "o_proj", "w1": "gate_proj", "w3": "up_proj",
@@ -114,3 +121,52 @@ def test_exported_adapter_loads_in_peft_with_our_logits(base_folder, tmp_path):
         torch.testing.assert_close(loaded(input_ids=tokens).logits, expected, **TOL)
         # The adapters matter: without them the logits differ.
         assert not torch.allclose(hf(input_ids=tokens).logits, expected, **TOL)
+
+
+def trainer(folder, *overrides: str) -> Trainer:
+    argv = ["--job.dump_folder", str(folder), "--model.flavor", "tiny", "--training.seq_len", "32",
+            "--training.local_batch_size", "2", "--metrics.log_freq", "1000", "--validation.enable", "false",
+            "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "1", "--checkpoint.enable", "true",
+            "--training.steps", "2", *overrides]  # fmt: skip
+    config = load_config(parse_argv(argv))
+    return Trainer(config, init_distributed(config))
+
+
+def test_lora_run_from_a_hf_folder_exports_merged_and_peft_folders_with_our_logits(tmp_path):
+    trainer(tmp_path / "base", "--checkpoint.export_safetensors", "true").train()
+    base_hf = tmp_path / "base" / "hf"
+    lora = trainer(tmp_path / "lora", "--lora.enable", "true", "--lora.rank", "4", "--lora.target_modules",
+                   ",".join(HF_TARGETS), "--checkpoint.initial_load_path", str(base_hf),
+                   "--checkpoint.export_safetensors", "true")  # fmt: skip
+    lora.train()
+    tokens = torch.randint(0, lora.model_args.vocab_size, (2, 32), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = lora.model(tokens)
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "hf", dtype=torch.float32)
+        assert not any("lora" in name for name, _ in merged.named_parameters())
+        torch.testing.assert_close(merged(input_ids=tokens).logits, expected, **TOL)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(base_hf, dtype=torch.float32)
+        loaded = peft.PeftModel.from_pretrained(copy.deepcopy(hf), tmp_path / "lora" / "hf-peft").eval()
+        assert loaded.peft_config["default"].base_model_name_or_path == str(base_hf)
+        torch.testing.assert_close(loaded(input_ids=tokens).logits, expected, **TOL)
+        assert not torch.allclose(hf(input_ids=tokens).logits, expected, **TOL)  # the adapters were trained
+
+
+def test_an_adapter_peft_saved_imports_with_peft_s_logits(base_folder, tmp_path):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    config = peft.LoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, target_modules=list(HF_TARGETS.values()))
+    theirs = peft.get_peft_model(hf, config)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(5)
+        for name, param in theirs.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    theirs.save_pretrained(tmp_path / "saved")
+    ours, hf_adapter = ours_with_adapters(base_folder)
+    with torch.device("meta"):  # the config check's model, as the trainer's config validation builds it
+        plain = get_model_spec(adapter_from_hf_folder(base_folder)[0]).model_cls(hf_adapter.args)
+    check_peft_adapter(str(tmp_path / "saved"), LORA, plain, hf_adapter)
+    load_peft_adapter([ours], str(tmp_path / "saved"), hf_adapter)
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs.eval()(input_ids=tokens).logits, **TOL)

@@ -73,6 +73,7 @@ def test_unknown_section_suggests_the_close_one():
         (["--training.steps"], "--training.steps needs a value"),
         (["stray"], "unexpected argument 'stray'"),
         (["--training.dataset", "c4"], "training.dataset='c4'"),
+        (["--checkpoint.export_safetensors", "true"], "checkpoint.export_safetensors=true .* checkpoint.enable=false"),
         (["--training.dataset", "text"], "training.dataset_path"),
         (["--model.tokenizer_path", "/no/such/tokenizer.json"], "model.tokenizer_path='/no/such/tokenizer.json'"),
     ],

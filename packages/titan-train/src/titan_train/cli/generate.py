@@ -3,6 +3,7 @@
     titan-generate --config RECIPE.toml [--section.key value ...] --checkpoint PATH --prompt TEXT
                    [--max-new-tokens 64] [--temperature 0] [--top-k K] [--seed 0] [--strategy flash|lazy|eager]
     titan-generate ... --batch-file PROMPTS.txt      (one prompt per line, generated as one batch; JSON lines out)
+    titan-generate ... --chat [--system TEXT] --prompt TEXT   (a user message: the assistant's reply alone)
     titan-generate --checkpoint PATH --prompt TEXT   (no recipe: a DCP checkpoint or an HF folder says it all)
 
 Without a recipe the checkpoint says what it holds: a Hugging Face folder by its config.json and tokenizer
@@ -11,7 +12,8 @@ gives the model (model.name, model.flavor), the tokenizer (model.tokenizer_path)
 sets the model's max_seq_len, as in training). One prompt is printed token by token as it is generated.
 --checkpoint is a DCP checkpoint (one step-N folder, or a folder of them: the latest complete one is used),
 a Hugging Face safetensors folder, or (with a recipe) a file holding a torch.save'd state dict. One
-process; the model runs whole on this machine's device.
+process; the model runs whole on this machine's device. --chat renders the prompt with the tokenizer
+folder's chat template and stops at its end of turn (titan_train.generate.chat).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ examples:
   titan-generate --checkpoint outputs/run1/checkpoint --prompt "In the beginning"
   titan-generate --config recipe.toml --checkpoint outputs/run1/hf --prompt "Hello" --temperature 0.8 --top-k 50
   titan-generate --checkpoint outputs/run1/checkpoint --batch-file prompts.txt > continuations.jsonl
+  titan-generate --checkpoint outputs/sft_debug/checkpoint --chat --prompt "Who built the ark?"
   titan-generate --version
 
 exit codes: 0 done, 2 a usage or config mistake (nothing ran), 1 generation failed."""
@@ -44,7 +47,7 @@ exit codes: 0 done, 2 a usage or config mistake (nothing ran), 1 generation fail
 @dataclass
 class GenerateOptions:
     prompt: str = ""
-    """Text to continue (encoded with a leading BOS)."""
+    """Text to continue (encoded with a leading BOS); with --chat, the user's message."""
     max_new_tokens: int = 64
     """Tokens to generate at most (fewer if EOS comes first)."""
     temperature: float = 0.0
@@ -60,7 +63,17 @@ class GenerateOptions:
     a recipe, if given, overrides that), or with a recipe a torch.save'd state dict."""
     batch_file: str = ""
     """Instead of --prompt: a text file with one prompt per line, generated together as one batch (each
-    prompt gets the tokens it would get alone). Prints one JSON line per prompt: {"prompt", "text"}."""
+    prompt gets the tokens it would get alone). Prints one JSON line per prompt: {"prompt", "text"} (with
+    --chat, each line is a user message and "text" the assistant's reply)."""
+    chat: bool = False
+    """The prompt is a user message: rendered with the chat template of the tokenizer's folder
+    (model.tokenizer_path, or the checkpoint's tokenizer; its chat_template.jinja or tokenizer_config.json's
+    chat_template) as apply_chat_template(messages, add_generation_prompt=True) does; the reply alone is
+    printed, ended at the first end-of-turn token: the tokenizer's EOS (tokenizer_config.json's eos_token,
+    e.g. <|im_end|>, <|eot_id|>) or an eos_token_id of a generation_config.json beside the tokenizer or the
+    checkpoint."""
+    system: str = ""
+    """With --chat: a system message put before the user's."""
 
 
 def split_argv(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
@@ -76,12 +89,20 @@ def split_argv(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
             rest.append(arg)
             i += 1
             continue
+        kind = type(getattr(options, key))
+        if kind is bool:  # a flag: --chat, or --chat true|false (--chat=false) as the recipe's booleans take
+            if not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):
+                eq, value, i = "=", argv[i + 1], i + 1
+            if eq and value.lower() not in ("true", "false"):
+                raise ConfigError(f"command line: --{name}={value!r} must be true or false")
+            setattr(options, key, not eq or value.lower() == "true")
+            i += 1
+            continue
         if not eq:
             if i + 1 >= len(argv):
                 raise ConfigError(f"command line: --{name} needs a value")
             value, i = argv[i + 1], i + 1
         i += 1
-        kind = type(getattr(options, key))
         try:
             setattr(options, key, kind(value))
         except ValueError:
@@ -146,6 +167,8 @@ def run(argv: list[str]) -> str | None:
     prompts = read_batch_file(options.batch_file) if options.batch_file else [options.prompt]
     if not options.checkpoint:
         raise ConfigError("--checkpoint is required: a DCP checkpoint folder, an HF safetensors folder or a .pt file")
+    if options.system and not options.chat:
+        raise ConfigError("--system is the system message of a --chat prompt; add --chat")
     if options.strategy not in STRATEGIES:
         raise ConfigError(f"--strategy={options.strategy!r} is not allowed; use one of {', '.join(STRATEGIES)}")
     device = torch.device(device_type())
@@ -164,6 +187,8 @@ def run(argv: list[str]) -> str | None:
         loaded = load_from_checkpoint(options.checkpoint, device, options.seed)
         model, tokenizer, name, source = loaded.model, loaded.tokenizer, loaded.name, loaded.description
     model.eval()
+    if options.chat:
+        return _chat(model, tokenizer, prompts, options, name, source)
     prompt_ids = [tokenizer.encode(prompt, bos=True, eos=False) for prompt in prompts]
     start = time.perf_counter()
     sampling = dict(
@@ -181,22 +206,62 @@ def run(argv: list[str]) -> str | None:
         tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **sampling)
         rows = [write_stream(tokens, tokenizer.decode, sys.stdout)]
         sys.stdout.write("\n")
-    seconds = time.perf_counter() - start
+    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options)
+    if not options.batch_file:
+        return None  # already written, as it came
+    texts = [prompt + tokenizer.decode(row) for prompt, row in zip(prompts, rows, strict=True)]
+    return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, texts, strict=True))
+
+
+def _chat(model, tokenizer, prompts: list[str], options: GenerateOptions, name: str, source: str) -> str | None:
+    """run() for --chat: the prompts as user messages, the replies alone (see GenerateOptions.chat)."""
+    from titan_models.generate import GenerationOptions
+    from titan_train.generate.chat import (
+        chat_prompt_ids,
+        end_of_turn_ids,
+        generate_replies,
+        load_chat_template_for,
+        until_end_of_turn,
+    )
+
+    try:
+        template = load_chat_template_for(tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"--chat: {e}") from None
+    checkpoint = Path(options.checkpoint).expanduser()
+    stop_ids = end_of_turn_ids(tokenizer, [Path(tokenizer.path).parent, checkpoint])
+    prompt_ids = [chat_prompt_ids(template, tokenizer, prompt, options.system) for prompt in prompts]
+    # eos_id None: the end of turn may be any of stop_ids, cut here rather than in the loop.
+    sampling = GenerationOptions(options.temperature, options.top_k or None, options.seed, options.strategy, None)
+    start = time.perf_counter()
+    if options.batch_file:
+        rows = generate_replies(model, prompt_ids, options.max_new_tokens, sampling, stop_ids)
+    else:
+        tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **dataclasses.asdict(sampling))
+        rows = [write_stream(until_end_of_turn(tokens, stop_ids), tokenizer.decode, sys.stdout)]
+        sys.stdout.write("\n")
+    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options)
+    if not options.batch_file:
+        return None
+    replies = [tokenizer.decode(row) for row in rows]
+    return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, replies, strict=True))
+
+
+def report(model, name: str, source: str, prompt_ids, rows, seconds: float, options: GenerateOptions) -> None:
+    """The speed line (and Hyena's flash memory line) on stderr."""
+    from titan_models import get_model_spec
+
     n_tokens = sum(len(row) for row in rows)
     decoding = get_model_spec(name).decoding  # a long convolution decodes by the strategy asked for
     decoding = options.strategy if decoding == "long convolution" else decoding
     print(
         f"[titan-generate] {source}: "
-        f"{n_tokens} tokens for {len(prompts)} prompt(s) in {seconds:.2f}s ({n_tokens / seconds:.1f} tokens/s, "
-        f"{decoding})",
+        f"{n_tokens} tokens for {len(prompt_ids)} prompt(s) in {seconds:.2f}s "
+        f"({n_tokens / max(seconds, 1e-9):.1f} tokens/s, {decoding})",
         file=sys.stderr,
     )
     if decoding == "flash":
         print(f"[titan-generate] {flash_memory_line(model, prompt_ids, options.max_new_tokens)}", file=sys.stderr)
-    if not options.batch_file:
-        return None  # already written, as it came
-    texts = [prompt + tokenizer.decode(row) for prompt, row in zip(prompts, rows, strict=True)]
-    return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, texts, strict=True))
 
 
 def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int) -> str:

@@ -82,16 +82,26 @@ class Training:
     """Gradient-norm clipping threshold; 0 turns clipping off."""
     dataset: str = "kjv"
     """Dataset: "kjv" (embedded, no download), "text" (files at dataset_path: .txt or .jsonl, plain, .gz or
-    .zst; .parquet; a folder of them; or a folder written by `titan-data tokenize`) or "hf:<name>" (a Hugging
-    Face dataset; needs the datasets package)."""
+    .zst; .parquet; a folder of them; or a folder written by `titan-data tokenize`), "hf:<name>" (a Hugging
+    Face dataset; needs the datasets package) or "chat" (conversations at dataset_path, JSONL in the Hugging
+    Face messages form, rendered with the chat template of the model.tokenizer_path folder; the loss on the
+    assistant's tokens only; no dataset_path: 400 example conversations shipped with titan-train;
+    docs/fine-tuning.md)."""
     dataset_path: str = ""
-    """Path for the "text" dataset (file or folder)."""
+    """Path for the "text" and "chat" datasets (file or folder)."""
     dataset_text_field: str = "text"
     """The field of a JSONL record, Parquet column or Hugging Face column that holds the document's text."""
     dataset_mixture: list[dict] = field(default_factory=list)
     """Train on several sources at once, instead of dataset / dataset_path: [{path = "a.parquet", weight = 3},
     {path = "b_tokens", weight = 1}, {dataset = "kjv", weight = 1}]. Weights are shares of documents (any
     scale); each source cycles on its own; an entry may set its own text_field. CLI: the same TOML array."""
+    chat_packing: Literal["pad", "pack"] = "pad"
+    """dataset = "chat": "pad", one conversation per sequence, the rest padded (ignored); "pack", as many
+    whole conversations per sequence as fit, each a document of its own (needs model.attention_mask =
+    "block_causal" and model.positions = "document", so that each attends only to itself)."""
+    chat_overlong: Literal["truncate", "drop"] = "truncate"
+    """dataset = "chat": a conversation longer than seq_len + 1 tokens is cut to its first seq_len + 1
+    ("truncate") or skipped ("drop"); the count is logged at the end of each epoch."""
     dataloader_num_workers: int = 0
     """Worker processes for data loading (0 loads in the training process)."""
     data_order: Literal["global", "document_sharded"] = "global"
@@ -280,6 +290,11 @@ class Checkpoint(CheckpointConfig):
         super().validate()
         for key in ("folder", "export_folder"):
             check_location(getattr(self, key), f"checkpoint.{key}")
+        if self.export_safetensors and not self.enable:
+            raise ValueError(
+                "checkpoint.export_safetensors=true exports the run's last checkpoint, but checkpoint.enable=false "
+                "writes none; set checkpoint.enable=true (or checkpoint.export_safetensors=false)"
+            )
 
 
 @dataclass
@@ -350,7 +365,7 @@ class Validation:
     """Dataset evaluated, named as training.dataset: "kjv_validation" (the chapters of the embedded corpus
     that "kjv" leaves out), "text" (with validation.dataset_path) or "hf:<name>"."""
     dataset_path: str = ""
-    """Path for the "text" dataset (file or folder)."""
+    """Path for the "text" and "chat" datasets (file or folder)."""
     local_batch_size: int = -1
     """Sequences per batch on each data-parallel rank; -1: training.local_batch_size (which it must be with
     pipeline parallelism)."""
@@ -410,7 +425,9 @@ class DryRun:
 
 @dataclass
 class Lora:
-    """[lora]: low-rank adapters (LoRA) trained on a frozen base, exported in peft's layout (docs/lora.md)."""
+    """[lora]: low-rank adapters (LoRA) trained on a frozen base, exported in peft's layout (docs/lora.md). The
+    base comes from checkpoint.initial_load_path (a checkpoint without adapters, or a Hugging Face folder);
+    checkpoint.export_safetensors writes the merged model and, beside it (`<export_folder>-peft`), the adapters."""
 
     enable: bool = False
     """Freeze the model and train adapters on the layers target_modules names: y = W x + B A x * alpha / rank."""
@@ -423,6 +440,10 @@ class Lora:
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
     """Linear layers to adapt, by last name (wq, wk, wv, wo, w1, w2, w3, output) or whole name with wildcards
     (layers.*.attention.wq)."""
+    initial_adapter_path: str = ""
+    """A peft adapter folder (adapter_config.json + adapter_model.safetensors) whose adapters a fresh run starts
+    from instead of new ones, to continue training it; its r, lora_alpha and target modules must equal rank,
+    alpha and target_modules. A resume takes the run's own checkpoint instead. Needs checkpoint.enable."""
 
 
 @dataclass

@@ -5,6 +5,7 @@ import importlib.util
 from titan_debug import DEVICES
 from titan_train.config.loader import ConfigError, did_you_mean
 from titan_train.config.sections import JobConfig
+from titan_train.config.validate_chat import validate_chat
 
 
 def _require(ok: bool, message: str) -> None:
@@ -89,6 +90,7 @@ def validate(config: JobConfig) -> None:
     _validate_model(config)
     _validate_inputs(config)
     _validate_document_masking(config)
+    validate_chat(config)
     _validate_validation(config)
     _validate_fault_tolerance(config)
     _validate_lora(config)
@@ -275,18 +277,17 @@ def _validate_lora(config: JobConfig) -> None:
     _require(lora.alpha > 0, f"lora.alpha={lora.alpha} must be > 0")
     _require(0 <= lora.dropout < 1, f"lora.dropout={lora.dropout} must be in [0, 1)")
     _require(bool(lora.target_modules), "lora.target_modules=[] must name at least one linear layer, e.g. wq,wv")
-    if not lora.enable:
+    _require(
+        lora.enable or not lora.initial_adapter_path,
+        f"lora.initial_adapter_path={lora.initial_adapter_path!r} with lora.enable=false: set lora.enable=true to "
+        "train that adapter (or leave the path empty)",
+    )
+    if not lora.initial_adapter_path:
         return
-    # Refused before any work until they exist, rather than failing at the end of a run or at its first load.
     _require(
-        not config.checkpoint.export_safetensors,
-        "lora.enable=true with checkpoint.export_safetensors=true: the end-of-run Hugging Face export of a LoRA "
-        "model is not built yet; set checkpoint.export_safetensors=false and export the adapters with "
-        "titan_train.lora.export_peft_adapter (docs/lora.md)",
+        config.checkpoint.enable,
+        f"lora.initial_adapter_path={lora.initial_adapter_path!r} is loaded where a run's initial weights are, with "
+        "checkpointing: set checkpoint.enable=true",
     )
-    _require(
-        not config.checkpoint.initial_load_path,
-        f"lora.enable=true with checkpoint.initial_load_path={config.checkpoint.initial_load_path!r}: loading a base "
-        "without adapters into a LoRA model is not built yet (the adapters' keys are missing from it); train LoRA "
-        "from a seed checkpoint or from scratch for now (docs/lora.md)",
-    )
+    # The folder against the model's layers is titan_train.lora's check (refuse_mismatched_adapter), made where a
+    # run starts: config may not import the lora room.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from titan_train.data.chat_files import ChatFiles, read_conversations
 from titan_train.data.files import LocalFiles, parquet_rows, parquet_text_column, read_file
 from titan_train.data.mixture import Mixture
 from titan_train.data.tokens import TokenFolder, file_sha256
@@ -36,6 +37,14 @@ def _check_one(source: Any, tokenizer_path: str, key: str) -> None:
             source.check_tokenizer(sha, vocab_size, tokenizer_path)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+    elif isinstance(source, ChatFiles):
+        for path in source.files:
+            try:
+                next(read_conversations(path), None)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - OSError, gzip/zstd decoding errors: all say "unreadable"
+                raise ValueError(f"{where}: {path} cannot be read: {type(e).__name__}: {e}") from None
     elif isinstance(source, LocalFiles):
         if not any([_first_document_of(path, source.text_field, where) for path in source.files]):
             files = f"its {len(source.files)} files hold" if len(source.files) > 1 else "the file holds"

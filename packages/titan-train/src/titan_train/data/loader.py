@@ -13,11 +13,15 @@ a state of another number of workers, local batch or accumulation.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from titan_train.data.chat_dataset import ChatDataset
+from titan_train.data.chat_files import ChatFiles
+from titan_train.data.chat_template import load_chat_template
 from titan_train.data.dataset import PackedTokenDataset
 from titan_train.data.global_order import ORDER, GlobalOrderDataset, check_order, resharded_state
 from titan_train.data.sharding import ReaderState, reader_shard
@@ -40,6 +44,8 @@ def build_dataloader(
     mixture: list[dict] | None = None,
     accumulation_steps: int = 1,
     data_order: str = ORDER,
+    chat_packing: str = "pad",
+    chat_overlong: str = "truncate",
 ) -> TokenDataLoader:
     """Batches of (inputs, labels), LongTensors of shape [local_batch_size, seq_len], for one dp rank.
 
@@ -47,7 +53,9 @@ def build_dataloader(
     None keeps the source's order. `mixture` (training.dataset_mixture) replaces dataset and dataset_path.
     `data_order` (training.data_order): "global", the rank's rows of each global batch of
     local_batch_size x dp_world_size x accumulation_steps sequences, or "document_sharded", sequences packed
-    from the rank's own share of documents (accumulation_steps plays no part).
+    from the rank's own share of documents (accumulation_steps plays no part). `dataset = "chat"`: rows of
+    conversations (chat_dataset.py; `chat_packing`, `chat_overlong`), labels ignored but on the assistant's
+    tokens, in the global order only.
     """
     for field, value in (("training.seq_len", seq_len), ("training.local_batch_size", local_batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -63,7 +71,16 @@ def build_dataloader(
     if mixture and not infinite:
         raise ValueError("training.dataset_mixture is endless (each source cycles); it cannot be read once through")
     source = resolve_dataset(dataset, dataset_path, text_field, mixture)
-    if data_order == ORDER:
+    if isinstance(source, ChatFiles):
+        if data_order != ORDER:
+            raise ValueError(_CHAT_ORDER)
+        template = load_chat_template(Path(tokenizer.path).parent)
+        ds = ChatDataset(
+            source, tokenizer, template, seq_len, local_batch_size, packing=chat_packing, overlong=chat_overlong,
+            dp_rank=dp_rank, dp_world_size=dp_world_size, accumulation_steps=accumulation_steps, seed=seed,
+            infinite=infinite,
+        )  # fmt: skip
+    elif data_order == ORDER:
         ds = GlobalOrderDataset(
             source, tokenizer, seq_len, local_batch_size, dp_rank, dp_world_size, accumulation_steps, seed, infinite
         )
@@ -75,6 +92,10 @@ def build_dataloader(
         return TokenDataLoader(ds, batch_size=local_batch_size, num_workers=num_workers, collate_fn=stack_pairs)
 
 
+_CHAT_ORDER = (
+    "training.dataset='chat' reads in the layout-invariant order only; set training.data_order='global' "
+    "(conversations are rendered on every reader: chat data sets are small)"
+)
 _GLOBAL_STATE = (
     "the checkpoint's dataloader state was saved in the layout-invariant order; set training.data_order='global' "
     "to resume it"

@@ -4,6 +4,9 @@
     dataset = "text"         dataset_path = a .txt / .jsonl / .parquet file (.gz / .zst compressed), a folder of
                              them (files.py), or a folder written by `titan-data tokenize` (tokens.py)
     dataset = "hf:<name>"    a Hugging Face dataset, needs `datasets` (hf.py)
+    dataset = "chat"         dataset_path = conversations, JSONL in the Hugging Face messages form (chat_files.py),
+                             rendered with the model's chat template (chat_dataset.py); no path: 400 example
+                             conversations about the embedded corpus
     dataset_mixture = [...]  several of these, weighted (mixture.py)
 
 A source is anything with a `name` and `documents(start)` yielding documents start, start+1, ... in a fixed
@@ -19,10 +22,12 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from titan_train.data.chat_files import CHAT_SUFFIXES, EXAMPLE_CHATS, ChatFiles
 from titan_train.data.dataset_keys import TRAINING_KEYS, DatasetKeys
 from titan_train.data.files import SUFFIXES, LocalFiles, is_supported, missing_package
 from titan_train.data.hf import INSTALL_HINT, HuggingFaceSource, datasets_installed
@@ -35,7 +40,8 @@ DEFAULT_DATASET = "kjv"
 _CHOICES = (
     "'kjv' (the embedded King James Bible, default), 'text' (with training.dataset_path = a "
     ".txt/.jsonl/.parquet file, .gz or .zst compressed, a folder of them, or a folder written by "
-    "`titan-data tokenize`) or 'hf:<name>' (a Hugging Face dataset)"
+    "`titan-data tokenize`), 'hf:<name>' (a Hugging Face dataset) or 'chat' (with training.dataset_path = "
+    "conversations in JSONL, the Hugging Face messages form, or none for the shipped examples)"
 )
 
 
@@ -105,6 +111,8 @@ def _resolve_one(
         return EmbeddedCorpus("validation")
     if dataset == "text":
         return _local_files(dataset_path, text_field, keys)
+    if dataset == "chat":
+        return _chat_files(dataset_path, keys)
     if dataset.startswith("hf:"):
         name, _, config = dataset[len("hf:") :].partition(":")
         if not name:
@@ -118,15 +126,26 @@ def _resolve_one(
     raise ValueError(f"{keys.dataset}={dataset!r} is not a known dataset; use {_CHOICES}")
 
 
+def _chat_files(dataset_path: str | None, keys: DatasetKeys) -> DocumentSource:
+    if not dataset_path:  # the example conversations shipped with titan-train (tools/build_chat_data.py)
+        logging.getLogger("titan").info(
+            f"{keys.dataset}='chat' without {keys.path}: the example conversations shipped with titan-train "
+            f"({EXAMPLE_CHATS}); set {keys.path} to train on yours"
+        )
+        return ChatFiles(Path(str(importlib.resources.files("titan_train") / "assets" / EXAMPLE_CHATS)))
+    source = ChatFiles(_existing(dataset_path, keys))
+    if not source.files:
+        raise ValueError(f"{keys.path}={dataset_path!r} holds no {'/'.join(CHAT_SUFFIXES)} file of conversations")
+    return _readable(source, dataset_path, keys)
+
+
 def _local_files(dataset_path: str | None, text_field: str, keys: DatasetKeys) -> DocumentSource:
     if not dataset_path:
         raise ValueError(
             f"{keys.dataset}='text' needs {keys.path}: a .txt, .jsonl or .parquet file (.gz/.zst "
             "compressed), a folder of them, or a folder written by `titan-data tokenize`"
         )
-    path = Path(dataset_path).expanduser()
-    if not path.exists():
-        raise ValueError(f"{keys.path}={dataset_path!r} does not exist")
+    path = _existing(dataset_path, keys)
     if is_token_folder(path):
         try:
             return TokenFolder(path)
@@ -140,6 +159,18 @@ def _local_files(dataset_path: str | None, text_field: str, keys: DatasetKeys) -
     source = LocalFiles(path, text_field)
     if not source.files:
         raise ValueError(f"{keys.path}={dataset_path!r} is a folder with no {'/'.join(SUFFIXES)} files")
+    return _readable(source, dataset_path, keys)
+
+
+def _existing(dataset_path: str, keys: DatasetKeys) -> Path:
+    path = Path(dataset_path).expanduser()
+    if not path.exists():
+        raise ValueError(f"{keys.path}={dataset_path!r} does not exist")
+    return path
+
+
+def _readable(source: LocalFiles | ChatFiles, dataset_path: str, keys: DatasetKeys) -> DocumentSource:
+    """`source`, or ImportError naming the optional package one of its files needs."""
     for file in source.files:
         if needed := missing_package(file):
             raise ImportError(f"{keys.path}={dataset_path!r}: reading {file} needs {needed[0]}: {needed[1]}")

@@ -42,6 +42,10 @@ class Tokenizer:
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [self._frame(e.ids, bos, eos) for e in encodings]
 
+    def encoding(self, text: str) -> tokenizers.Encoding:
+        """`text`'s ids with their character offsets, nothing added (as transformers encodes a rendered chat)."""
+        return self._tok.encode(text, add_special_tokens=False)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -24,7 +24,7 @@ def is_adapter_name(fqn: str) -> bool:
     return any(f".{name}." in f".{fqn}" for name in ADAPTERS)
 
 
-def _targeted(fqn: str, patterns: list[str]) -> bool:
+def targeted(fqn: str, patterns: list[str]) -> bool:
     """A pattern names a layer by its last name ("wq") or by its whole name, wildcards allowed
     ("layers.*.attention.wq")."""
     return any(pattern == fqn.rsplit(".", 1)[-1] or fnmatch.fnmatchcase(fqn, pattern) for pattern in patterns)
@@ -37,7 +37,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     for param in model.parameters():
         param.requires_grad_(False)
     linears = [fqn for fqn, module in model.named_modules() if isinstance(module, nn.Linear)]
-    targets = [fqn for fqn in linears if _targeted(fqn, target_modules)]
+    targets = [fqn for fqn in linears if targeted(fqn, target_modules)]
     if not targets:
         names = sorted({fqn.rsplit(".", 1)[-1] for fqn in linears})
         raise ValueError(

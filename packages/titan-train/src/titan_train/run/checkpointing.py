@@ -16,8 +16,10 @@ from titan_checkpoint import (
     save_seed_checkpoint,
 )
 from titan_checkpoint.location import scheme
+from titan_models import get_model_spec
 from titan_parallel import ParallelDims
 from titan_train.config import ConfigError, JobConfig
+from titan_train.lora.checkpoint import LoRACheckpointManager
 from titan_train.run.optim import LRSchedulers, Optimizers
 
 logger = logging.getLogger("titan")
@@ -97,10 +99,7 @@ class NoCheckpoint:
         pass
 
     def export(self, *args, **kwargs) -> None:
-        logger.warning(
-            "checkpoint.export_safetensors = true exports the last checkpoint, but checkpoint.enable = false: "
-            "nothing exported; set checkpoint.enable = true to export"
-        )
+        pass  # export_safetensors without checkpoint.enable is refused when the config is read
 
 
 def build_checkpoint_manager(
@@ -113,13 +112,20 @@ def build_checkpoint_manager(
     # Ranks that read the same data (tp, cp, pp peers) share one entry; a different dp size reshards.
     states = {**states, "dataloader": DataParallelState(states["dataloader"], dims.local_rank("dp"), dims.dp)}
     layout = {k: getattr(dims, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp")}
-    return CheckpointManager(
+    lora = {}
+    if config.lora.enable:  # starts from a base without adapters, exports the merged model and the adapters
+        manager = LoRACheckpointManager
+        lora = {"lora": config.lora, "mapping": lambda: get_model_spec(config.model.name).hf_adapter(model_args)}
+    else:
+        manager = CheckpointManager
+    return manager(
         resolve_folder(config, config.checkpoint.folder),
         states,
         config.checkpoint,
         fingerprint=fingerprint(config, model_args),
         layout=layout,
         model_meta=model_meta(config, model_args),
+        **lora,
     )
 
 

@@ -25,6 +25,8 @@ def training_dataloader_args(
         seed=t.seed,
         accumulation_steps=accumulation_steps,
         data_order=t.data_order,
+        chat_packing=t.chat_packing,
+        chat_overlong=t.chat_overlong,
     )
 
 

@@ -29,13 +29,16 @@ from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, resolve_layout
 from titan_train.data import build_dataloader
+from titan_train.data.chat_dataset import IGNORE_INDEX
 from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
 from titan_train.lora import init_adapters, with_lora
+from titan_train.lora.peft_import import refuse_mismatched_adapter
 from titan_train.run.checkpointing import build_checkpoint_manager, resolve_folder, run_states, write_seed_checkpoint
 from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
+from titan_train.run.loss_weights import token_weights
 from titan_train.run.optim import LRSchedulers, Optimizers
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
@@ -46,7 +49,8 @@ logger = logging.getLogger("titan")
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    # The mean over the labels that are not IGNORE_INDEX (chat data's prompt tokens), as the chunked loss's.
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 class Trainer:
@@ -150,7 +154,8 @@ class Trainer:
         batches = [self.next_batch() for _ in range(accumulation)]
         while True:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = sum(model.forward_backward(*batch, 1.0 / accumulation) for batch in batches)
+            scales = self._scales(batches)
+            loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
             loss = self.replicas.average(model.mean_loss(loss))
@@ -165,6 +170,13 @@ class Trainer:
             self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
         return loss, grad_norm, lr
+
+    def _scales(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+        """Each micro-batch's loss scale: 1 / accumulation, or on chat data (labels only on the assistant's
+        tokens) its share of the global batch's labelled tokens (loss_weights.py)."""
+        if self.config.training.dataset != "chat":
+            return [1.0 / len(batches)] * len(batches)
+        return token_weights([labels for _, labels in batches], self.dims.submesh("dp_cp"))
 
     def train(self) -> list[float]:
         cfg, rank, device = self.config, self.env.rank, self.env.device
@@ -229,6 +241,7 @@ class Trainer:
 def train(config: JobConfig, layout: Layout | None = None) -> list[float]:
     """Run the training the config describes (on `layout`, the config's, resolved by the caller; default:
     resolved here); returns the per-step losses."""
+    refuse_mismatched_adapter(config)
     run = record_run(config)  # <dump_folder>/config.toml and run.json; refuses a resume the config would break
     env = init_distributed(config)
     try:
