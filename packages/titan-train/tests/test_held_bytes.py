@@ -4,7 +4,8 @@ tools/memory_report.py share."""
 import torch
 from torch import nn
 
-from titan_train.run.held_bytes import held_bytes
+from titan_parallel import Muon
+from titan_train.run.held_bytes import held_bytes, optimizer_bytes_by_kind
 
 
 def test_counts_params_grads_and_every_adamw_state_tensor_on_the_params_device():
@@ -27,3 +28,18 @@ def test_state_on_another_device_than_its_parameter_is_not_counted():
     optimizer = torch.optim.SGD([param])
     optimizer.state[param] = {"momentum_buffer": torch.zeros(5, device="meta"), "step": torch.tensor(1.0)}
     assert held_bytes([param], [optimizer])["optimizer"] == 5 * 4
+
+
+def test_muons_state_splits_into_one_momentum_buffer_per_matrix_and_adamws_two_moments():
+    model = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2, bias=False))  # matrices 32 + 8, a bias of 4
+    matrices, rest = [model[0].weight, model[1].weight], [model[0].bias]
+    optimizer = Muon([{"params": rest, "use_muon": False}, {"params": matrices}], foreach=True)
+    assert optimizer_bytes_by_kind([optimizer]) == {"muon": 0, "adamw": 0}
+    assert optimizer_bytes_by_kind([torch.optim.AdamW(model.parameters())]) is None
+    model(torch.randn(3, 8)).sum().backward()
+    optimizer.step()
+    # One float32 momentum buffer per matrix element; AdamW's two moments per bias element and its step
+    # counter (foreach: on the CPU, here the parameters' device). Together, held_bytes's "optimizer".
+    split = optimizer_bytes_by_kind([optimizer])
+    assert split == {"muon": (32 + 8) * 4, "adamw": 2 * 4 * 4 + 4}
+    assert held_bytes(model.parameters(), [optimizer])["optimizer"] == split["muon"] + split["adamw"]

@@ -1,17 +1,24 @@
 """optimizer.name = "Muon" through the trainer on one process: which parameters Muon takes, the step line,
 learning, exact resume, and the config's checks."""
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from titan_checkpoint import complete_steps
+from titan_models import get_model_spec
+from titan_train.cli import train as cli
 from titan_train.config import ConfigError, load_config, parse_argv
+from titan_train.config.model_args import model_args
 from titan_train.run.distributed import init_distributed
 from titan_train.run.muon_params import DEFAULT_ADAMW_PARAMS, split_params, takes_muon
+from titan_train.run.optim import lr_factor
 from titan_train.run.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
+GIB = 1024**3
 MUON = ["--optimizer.name", "Muon"]
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "32", "--training.local_batch_size", "2",
         "--training.deterministic", "true", "--metrics.log_freq", "1000",
@@ -111,3 +118,37 @@ def test_bad_muon_values_name_the_field(key, value, message):
 def test_an_unknown_lr_adjustment_is_refused():
     with pytest.raises(ConfigError, match="muon_adjust_lr_fn"):
         load_config(parse_argv([*MUON, "--optimizer.muon_adjust_lr_fn", "sqrt"]))
+
+
+def test_metrics_keep_lr_as_adamws_and_add_each_optimizers(tmp_path):
+    """metrics.jsonl: `lr` as with AdamW alone (the key scripts read), and lr_adamw / lr_muon, the values the
+    scheduler set in each group (LambdaLR: the group's peak times lr_factor)."""
+    t = trainer(tmp_path, *TINY, *MUON, "--training.steps", "4", "--metrics.log_freq", "1")
+    t.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        factor = lr_factor(row["step"] - 1, 4, t.config.lr_scheduler)
+        assert row["lr"] == row["lr_adamw"] == 8e-4 * factor
+        assert row["lr_muon"] == 0.02 * factor
+
+
+def test_the_dry_run_names_muons_state_bytes_exactly(tmp_path, capsys):
+    """The debug Muon recipe on FSDP 2: each rank holds half of one float32 momentum buffer per Muon matrix,
+    half of AdamW's two moments for the rest, and a float32 step counter per AdamW tensor (fused, as on CUDA)."""
+    return_code = cli.main(["--dry-run", "--job.dump_folder", str(tmp_path), "--config",
+                            str(ROOT / "configs/debug_model_muon.toml"), "--world-size", "2",
+                            "--training.seq_len", "64", "--training.local_batch_size", "1"])  # fmt: skip
+    assert return_code == 0
+    (entry,) = json.loads((tmp_path / "dry_run.json").read_text())["rank_classes"]
+    config = load_config(parse_argv(["--config", str(ROOT / "configs/debug_model_muon.toml")]))
+    with torch.device("meta"):
+        model = get_model_spec(config.model.name).model_cls(model_args(config))
+    muon, adamw = split_params(model, DEFAULT_ADAMW_PARAMS)
+    muon_bytes = sum(p.numel() for _, p in muon) * 4 // 2
+    adamw_bytes = 2 * sum(p.numel() for _, p in adamw) * 4 // 2 + 4 * len(adamw)
+    assert (entry["optimizer_muon_gib"] * GIB, entry["optimizer_adamw_gib"] * GIB) == (muon_bytes, adamw_bytes)
+    assert entry["optimizer_gib"] * GIB == muon_bytes + adamw_bytes
+    out = capsys.readouterr().out
+    muon_gib, adamw_gib = muon_bytes / GIB, adamw_bytes / GIB
+    assert f"optim = Muon momentum {muon_gib:.2f} GiB + AdamW {adamw_gib:.2f} GiB" in out

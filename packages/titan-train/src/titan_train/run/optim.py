@@ -80,6 +80,15 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shape
 
 
+def lr_by_optimizer(cfg: Optimizer, schedule: LRScheduler, step: int, total_steps: int) -> dict[str, float]:
+    """With Muon, each optimizer's learning rate at 0-based step `step` ({"lr_adamw", "lr_muon"}; empty with
+    AdamW alone): the value LambdaLR gives its group, the group's peak times lr_factor, the same product."""
+    if cfg.name != "Muon":
+        return {}
+    factor = lr_factor(step, total_steps, schedule)
+    return {"lr_adamw": cfg.lr * factor, "lr_muon": cfg.muon_lr * factor}
+
+
 def build_lr_scheduler(optimizer, cfg: LRScheduler, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, total_steps=total_steps, cfg=cfg))
 
@@ -96,6 +105,8 @@ class Optimizers:
         # Frozen parameters (a LoRA base) get no optimizer state: only the trainable ones are handed over.
         if cfg.name == "AdamW":
             self.optimizers = [build_optimizer(trainable(part), cfg, device_type) for part in parts]
+            count = sum(len(trainable(part)) for part in parts)
+            logger.info(f"optimizer: AdamW for all {count} trainable tensors")
             return
         rule = cfg.adamw_params or DEFAULT_ADAMW_PARAMS
         splits = [split_params(part, rule) for part in parts]

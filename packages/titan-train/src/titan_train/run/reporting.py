@@ -24,6 +24,7 @@ from titan_debug import (
 from titan_parallel import ParallelModel
 from titan_train.config import JobConfig, to_dict
 from titan_train.config.parallel_layout import tokens_per_step
+from titan_train.run.optim import lr_by_optimizer
 from titan_train.run.run_record import RunRecord
 
 logger = logging.getLogger("titan")
@@ -90,6 +91,8 @@ class StepReporter:
             "loss": loss,
             "grad_norm": grad_norm,
             "lr": lr,
+            # With Muon, `lr` stays AdamW's (the key scripts read) and each optimizer's is added.
+            **lr_by_optimizer(self.config.optimizer, self.config.lr_scheduler, step - 1, t.steps),
             "tps": window.tokens_per_second,
             "tps_total": window.tokens_per_second * self.world_size,
             "tflops": tflops(window.tokens_per_second, self.flops_per_token),

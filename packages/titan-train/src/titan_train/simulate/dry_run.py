@@ -27,6 +27,7 @@ from titan_train.config import ConfigError, JobConfig, to_toml
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, choose_async_tp, resolve_layout, tokens_per_step
 from titan_train.run.distributed import RunEnv
+from titan_train.run.held_bytes import optimizer_bytes_by_kind
 from titan_train.run.optim import optimizer_implementation
 from titan_train.simulate.alloc_conf import AllocatorSetting, allocator_setting
 from titan_train.simulate.fake_runtime import fake_rank
@@ -192,6 +193,7 @@ def simulate(
     with fake_rank(rank_class.representative, world_size, pipeline_hidden):
         tracker, held, trainer = measure_steps(config, env, STEPS, layout, trace)
         overlapped = overlapped_groups(trainer, timing)
+        by_kind = optimizer_bytes_by_kind(trainer.optimizer.optimizers)
     peak = tracker.peak_active()
     by_phase = tracker.bytes_by_phase_at_peak()
     try:  # with a capacity the model frees cached segments and retries before failing, as torch does
@@ -218,6 +220,8 @@ def simulate(
         "segments": reserved.segments,
         "out_of_memory": out_of_memory,
         **{f"{name}_gib": held[name] / GIB for name in ("params", "grads", "optimizer")},
+        # With Muon, optimizer_gib split: Muon's momentum buffers and AdamW's moments and step counters.
+        **({f"optimizer_{kind}_gib": n / GIB for kind, n in by_kind.items()} if by_kind else {}),
         "activations_gib": activations / GIB,
         "bytes_by_phase_at_peak": by_phase,
         "flops_per_step": flops,
@@ -482,6 +486,11 @@ def format_report(report: dict) -> str:
         lines.append(
             f"{label:>9}  " + "  ".join(f"{n:9.2f}" for n in numbers) + f"  {e['peak_phase']} / {e['peak_op']}"
         )
+        if "optimizer_muon_gib" in e:
+            lines.append(
+                f"  {e['name']}: optim = Muon momentum {e['optimizer_muon_gib']:.2f} GiB "
+                f"+ AdamW {e['optimizer_adamw_gib']:.2f} GiB"
+            )
         lines += [f"  {e['name']}: warning: {w}" for w in e["warnings"]]
     experts = report.get("experts")
     if experts:
