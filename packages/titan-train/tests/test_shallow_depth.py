@@ -1,15 +1,22 @@
 """A deep model's layout dry-run at two shallow depths and extrapolated per block (plan/shallow_depth.py),
 against the same layout's dry run at full depth; and the planner's use of it."""
 
+import dataclasses
+import json
 import pathlib
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 from titan_debug.devices import get_device
+from titan_models.qwen3_moe.flavors import FLAVORS as QWEN3_MOE
+from titan_models.qwen3_moe.hf_config import hf_config
+from titan_parallel.pp.pipeline_plan import PipelinePlan
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
 from titan_train.plan.planner import Planner, PlanSettings, ranked
-from titan_train.plan.shallow_depth import _extended, _peak_from_phases, simulate_shallow
+from titan_train.plan.shallow_depth import _extended, _peak_from_phases, _stage_splits, simulate_shallow
 from titan_train.simulate.dry_run import finish_report, prepare_dry_run, simulate_class
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -23,6 +30,26 @@ LAYOUTS = {
         ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2",
          "--parallelism.pipeline_parallel_schedule", "1F1B"],
         [4, 8],
+    ),
+    # Two stages a rank, the automatic split [4, 5, 5, 4] (the ends lighter). Looped, rank 1 runs stages 1 and 3
+    # (5 and 4 blocks) and the shallow runs keep that difference: [1, 2, 2, 1] and [2, 3, 3, 2]; 18 blocks, the
+    # fewest for which they are cheaper than one at full depth.
+    "pp 2, Interleaved1F1B": (
+        ["--model.n_layers", "18", "--training.local_batch_size", "2", "--parallelism.data_parallel_shard_degree", "1",
+         "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"],
+        [6, 10],
+    ),
+    "pp 2, ZBV": (  # [3, 4, 4, 3]: rank 0 runs stages 0 and 3, rank 1 stages 1 and 2
+        ["--model.n_layers", "14", "--training.local_batch_size", "2", "--parallelism.data_parallel_shard_degree", "1",
+         "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
+         "--validation.enable", "false"],  # torch has no forward-only V schedule
+        [4, 8],
+    ),
+    # 7 blocks: the fewest for which runs of 2 and 4 are cheaper than one at full depth.
+    "cp 2": (
+        ["--model.n_layers", "7", "--training.local_batch_size", "2", "--parallelism.data_parallel_shard_degree", "1",
+         "--parallelism.context_parallel_degree", "2"],
+        [2, 4],
     ),
 }  # fmt: skip
 # Measured: the active peak, the step and each stage's seconds within 0.1%; the reserved peak is the active
@@ -50,11 +77,30 @@ def test_the_peak_is_the_largest_phase_peak_at_full_depth_not_the_line_through_t
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_layout_extrapolated_from_two_shallow_depths_matches_its_dry_run_at_full_depth(layout):
     args, depths = LAYOUTS[layout]
-    job = prepare_dry_run(load_config(parse_argv([*DEEP, *args])), 2, gpu=GPU)
-    shallow = simulate_shallow(job, simulate_class)
+    _assert_extrapolation_matches_full_depth([*DEEP, *args], depths)
+
+
+def test_an_moe_with_expert_parallel_extrapolated_matches_its_dry_run_at_full_depth(tmp_path):
+    # Qwen3-MoE tiny with every block sparse (the flavor's dense first block would make it run at full depth).
+    tiny = QWEN3_MOE["tiny"]
+    uniform = dataclasses.replace(tiny, moe=dataclasses.replace(tiny.moe, dense_layers=()))
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(uniform)))
+    args = [
+        "--config", str(ROOT / "configs/qwen3_moe_debug.toml"), "--model.flavor", f"hf:{tmp_path}",
+        "--model.n_layers", "7", "--training.local_batch_size", "2", "--moe.load_balance", "aux_loss_free",
+        "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2",
+    ]  # fmt: skip
+    _assert_extrapolation_matches_full_depth(args, [2, 4])
+
+
+def _assert_extrapolation_matches_full_depth(argv: list[str], depths: list[int]) -> None:
+    job = prepare_dry_run(load_config(parse_argv(argv)), 2, gpu=GPU)
+    with ThreadPoolExecutor(1) as pool:  # the full depth beside the shallow runs: each class is a process
+        full_entries = pool.submit(lambda: [simulate_class(job, rank_class) for rank_class in job.classes])
+        shallow = simulate_shallow(job, simulate_class)
+        full = finish_report(job, full_entries.result(), 0.0)
     assert shallow is not None and shallow.depths == depths  # 2 and 4 blocks per stage
     predicted = finish_report(job, shallow.entries, 0.0)
-    full = finish_report(job, [simulate_class(job, rank_class) for rank_class in job.classes], 0.0)
     assert len(predicted["rank_classes"]) == len(full["rank_classes"]) == len(job.classes)
     for got, want in zip(predicted["rank_classes"], full["rank_classes"], strict=True):
         assert got["name"] == want["name"]
@@ -67,11 +113,26 @@ def test_a_layout_extrapolated_from_two_shallow_depths_matches_its_dry_run_at_fu
         assert predicted["step_time"][key] == pytest.approx(full["step_time"][key], rel=STEP_TOLERANCE)
 
 
+def test_a_rank_of_several_stages_is_run_shallow_keeping_their_difference_at_full_depth():
+    # The automatic split lightens the end stages; an even shallow split put a looped schedule's last rank (stages
+    # 1 and 3: a block more and a block less) 4-6% under its active peak at full depth.
+    def layout(schedule: str, blocks_per_stage: tuple[int, ...]) -> SimpleNamespace:
+        stages = [["block"] * n for n in blocks_per_stage]
+        return SimpleNamespace(pipeline=PipelinePlan(schedule, 2, stages, n_microbatches=2))
+
+    assert _stage_splits(layout("Interleaved1F1B", (4, 5, 5, 4))) == [[1, 2, 2, 1], [2, 3, 3, 2]]
+    assert _stage_splits(layout("ZBVZeroBubble", (4, 5, 5, 4))) == [[1, 1, 1, 1], [2, 2, 2, 2]]  # alike per rank
+    assert _stage_splits(layout("1F1B", (8, 9))) == [[2, 2], [4, 4]]  # a rank's own blocks
+    assert _stage_splits(SimpleNamespace(pipeline=None)) == [[2], [4]]
+
+
 def test_what_cannot_be_extrapolated_runs_at_full_depth():
     auto = ["--activation_checkpoint.mode", "auto", "--activation_checkpoint.memory_budget_gib", "1"]
-    for extra in (auto, ["--model.n_layers", "6"]):
-        job = prepare_dry_run(load_config(parse_argv([*DEEP, *extra])), 2, gpu=GPU)
-        assert simulate_shallow(job, simulate_class) is None, extra  # auto: chosen for the whole depth; 6: no gain
+    moe = ["--config", str(ROOT / "configs/qwen3_moe_debug.toml"), "--model.flavor", "tiny", "--model.n_layers", "16"]
+    for argv in ([*DEEP, *auto], [*DEEP, "--model.n_layers", "6"], moe):
+        job = prepare_dry_run(load_config(parse_argv(argv)), 2, gpu=GPU)
+        # auto: chosen for the whole depth; 6: no gain; the MoE: its first block is dense, the others sparse
+        assert simulate_shallow(job, simulate_class) is None, argv
 
 
 def test_a_bad_depth_is_a_config_error():
