@@ -31,6 +31,11 @@ PACKAGES = ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint"
 SIBLINGS = {
     "titan-train": ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint", "titan-debug"],
 }
+# Packages whose tests run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-train's are one
+# process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine idle.
+# loadfile keeps a file's tests, and its module-scoped fixtures, in one worker.
+PARALLEL_TESTS = {"titan-train"}
+WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
 # Float8Linear offers its matmuls to titan-parallel's async TP by a duck-typed protocol, tested with both.
 TEST_ONLY_SIBLINGS = {
@@ -94,6 +99,10 @@ def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
     )
 
 
+def _workers(package: str) -> list[str]:
+    return ["-n", WORKERS, "--dist", "loadfile"] if package in PARALLEL_TESTS else []
+
+
 @session()
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
@@ -102,7 +111,7 @@ def tests(session: nox.Session, package: str) -> None:
     _install(session, *SIBLINGS.get(package, []), *TEST_ONLY_SIBLINGS.get(package, []), package)
     # The slow ones too (inductor compiles on a cold cache, sequences of 4096: about 3 minutes in all); the
     # stress ones (none in the packages today) only in `nox -s slow`.
-    _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not stress")
+    _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not stress", *_workers(package))
 
 
 @session()
@@ -357,7 +366,8 @@ def lower_bound(session: nox.Session) -> None:
         return
     session.log(f"lowest allowed siblings older than the tree: {', '.join(older)}")
     tests = ROOT / "packages" / "titan-train" / "tests"
-    _pytest(session, str(tests), "-m", "not slow", *[f"--ignore={tests / name}" for name in SIBLING_FREE_TESTS])
+    ignored = [f"--ignore={tests / name}" for name in SIBLING_FREE_TESTS]
+    _pytest(session, str(tests), "-m", "not slow", *ignored, *_workers("titan-train"))
 
 
 @session()
