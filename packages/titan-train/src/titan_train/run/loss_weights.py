@@ -8,6 +8,9 @@ reported loss (the data-parallel mean of each rank's weighted sum) that mean. Wi
 micro-batch has the same count and the weights are 1 / accumulation steps, as for pre-training.
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -24,3 +27,17 @@ def token_weights(labels: list[torch.Tensor], dp_mesh: DeviceMesh | None) -> lis
         dist.all_reduce(total, group=dp_mesh.get_group())
     dp = dp_mesh.size() if dp_mesh is not None else 1
     return (counts.double() * dp / total.clamp(min=1).double()).tolist()
+
+
+def equal_weights(labels: list[torch.Tensor]) -> list[float]:
+    """1 / accumulation steps for each micro-batch: every label counts (pre-training)."""
+    return [1.0 / len(labels)] * len(labels)
+
+
+def loss_weights_for(dataset: str, dims) -> Callable[[list[torch.Tensor]], list[float]]:
+    """The step's micro-batch weighting, decided once per run: token_weights over the data-parallel ranks
+    (`dims`: the run's ParallelDims) on chat data, whose labels are on the assistant's tokens only;
+    equal_weights otherwise (no all_reduce in the step)."""
+    if dataset != "chat":
+        return equal_weights
+    return functools.partial(token_weights, dp_mesh=dims.submesh("dp_cp"))

@@ -38,7 +38,7 @@ from titan_train.run.checkpointing import build_checkpoint_manager, resolve_fold
 from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
-from titan_train.run.loss_weights import token_weights
+from titan_train.run.loss_weights import loss_weights_for
 from titan_train.run.optim import LRSchedulers, Optimizers
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
@@ -92,6 +92,8 @@ class Trainer:
         self.dataloader = batches if batches is not None else self._build_dataloader()
         self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
+        # Each micro-batch's share of the step's loss, 1 / accumulation or by labelled tokens (loss_weights.py).
+        self.loss_weights = loss_weights_for(t.dataset, self.dims)
         self.step_count = 0
         self.routing = None  # the last step's RoutingReport (mixture of experts), for the step line
         states = run_states(self.model_parts, self.optimizer, self.lr_scheduler, self.dataloader, train_state=self)
@@ -154,7 +156,7 @@ class Trainer:
         batches = [self.next_batch() for _ in range(accumulation)]
         while True:
             self.optimizer.zero_grad(set_to_none=True)
-            scales = self._scales(batches)
+            scales = self.loss_weights([labels for _, labels in batches])
             loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
@@ -170,13 +172,6 @@ class Trainer:
             self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
         return loss, grad_norm, lr
-
-    def _scales(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-        """Each micro-batch's loss scale: 1 / accumulation, or on chat data (labels only on the assistant's
-        tokens) its share of the global batch's labelled tokens (loss_weights.py)."""
-        if self.config.training.dataset != "chat":
-            return [1.0 / len(batches)] * len(batches)
-        return token_weights([labels for _, labels in batches], self.dims.submesh("dp_cp"))
 
     def train(self) -> list[float]:
         cfg, rank, device = self.config, self.env.rank, self.env.device
