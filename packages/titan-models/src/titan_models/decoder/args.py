@@ -61,6 +61,9 @@ class DecoderArgs:
     depth_init: bool = True
     """If True the output projections of block i use std 0.02 / sqrt(2 * (i + 1)); if False every block
     uses 0.02 / sqrt(2 * n_layers). Both keep the residual stream's variance from growing with depth."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules after the main decoder (DeepSeek-V3; TorchTitan's num_mtp_layers): module k
+    predicts the token k + 1 positions after the next (decoder/mtp.py). 0: none, the model unchanged."""
 
     @property
     def head_dim(self) -> int:
@@ -93,6 +96,8 @@ class DecoderArgs:
 
     def validate(self) -> None:
         """Raise ValueError naming the first field that cannot build a model."""
+        if not isinstance(self.mtp_layers, int) or isinstance(self.mtp_layers, bool) or self.mtp_layers < 0:
+            raise ValueError(f"Llama3Args.mtp_layers={self.mtp_layers!r} must be an integer >= 0 (0: no MTP modules)")
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -7,11 +7,13 @@ Module names mirror TorchTitan's (and Meta's) so checkpoints and plans map by na
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.block import TransformerBlock
 from titan_models.decoder.layers import RMSNorm
+from titan_models.decoder.mtp import IGNORE_INDEX, MTPModule, document_ids_from_positions, mtp_targets
 from titan_models.decoder.rope import precompute_freqs_cis
 from titan_models.moe import MoE
 from titan_models.moe.routing_ledger import RoutingLedger, RoutingStats
@@ -27,6 +29,9 @@ class Decoder(nn.Module):
 
     `routing` is the model's RoutingLedger (titan_models.moe) when its args declare a mixture of experts, None
     otherwise: the auxiliary loss, the expert loads and the routing statistics a trainer reads.
+
+    `mtp` holds the multi-token prediction modules (decoder/mtp.py), keyed "1".."D", when args.mtp_layers > 0;
+    None otherwise, and then the model, its state dict and its forward are those of a model without MTP.
     """
 
     def __init__(self, args: DecoderArgs):
@@ -39,6 +44,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Built only with mtp_layers > 0, so a model without keeps its state dict names (and seeded init) unchanged.
+        self.mtp: nn.ModuleDict | None = None
+        if args.mtp_layers > 0:
+            self.mtp = nn.ModuleDict({str(k): MTPModule(k, args) for k in range(1, args.mtp_layers + 1)})
         self.tie_weights()
         self.positions: torch.Tensor | None = None
         self.routing = RoutingLedger(args.moe, self.layers) if args.moe is not None else None
@@ -90,14 +99,20 @@ class Decoder(nn.Module):
             layer.init_weights(init)
         if self.norm is not None:
             self.norm.reset_parameters()
+        for module in (self.mtp or {}).values():
+            module.init_weights(init)
         output = self.output or (self.tok_embeddings if self.args.tie_word_embeddings else None)
         if output is not None:
             std = self.args.dim**-0.5
             init.trunc_normal_(output.weight, std=std, a=-3 * std, b=3 * std)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        return_mtp: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
 
         positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
@@ -105,7 +120,11 @@ class Decoder(nn.Module):
         those of `set_positions`, by default 0..seqlen-1.
         document_ids: optional [bs, seqlen] document of each token (packed sequences): attention is then
         block-causal, a token attends only to earlier tokens of its own document.
-        Returns logits [bs, seqlen, vocab_size], or hidden states when output is None.
+        return_mtp: also return the MTP modules' logits, one [bs, seqlen, vocab_size] per depth (depth k at
+        position t predicts token t + 1 + k; `mtp_losses` gives their losses). Needs mtp_layers > 0 and the whole
+        model (embedding, modules and output head) in this part.
+        Returns logits [bs, seqlen, vocab_size], or hidden states when output is None; with return_mtp,
+        (logits, [mtp logits of depth 1, .., D]).
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         positions = self.positions if positions is None else positions
@@ -116,8 +135,59 @@ class Decoder(nn.Module):
             if routed is not None:
                 routings.append(routed)
         h = self.routing.read(h, routings) if self.routing is not None else h
+        mtp_logits = self._mtp_forward(h, tokens, freqs_cis, positions, document_ids) if return_mtp else None
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        out = self.output(h) if self.output is not None else h
+        return (out, mtp_logits) if return_mtp else out
+
+    def _mtp_forward(
+        self,
+        h: torch.Tensor,
+        tokens: torch.Tensor,
+        freqs_cis: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None,
+    ) -> list[torch.Tensor]:
+        """The MTP modules in sequence from the main model's last hidden state h (before its final norm)."""
+        if self.mtp is None or self.tok_embeddings is None or self.output is None:
+            raise ValueError(
+                f"Decoder.forward(return_mtp=True) needs Llama3Args.mtp_layers > 0 (got {self.args.mtp_layers}) and "
+                "the token embedding, the MTP modules and the output head in this model part"
+            )
+        depths = mtp_targets(tokens, tokens, len(self.mtp), self._document_ids(positions, document_ids))
+        # TODO(wiring): the MTP blocks' routing (a sparse last block) is not yet handed to the RoutingLedger.
+        logits = []
+        for module, depth in zip(self.mtp.values(), depths):
+            h, _routed = module(h, self.tok_embeddings(depth.inputs), freqs_cis, document_ids=document_ids)
+            logits.append(self.output(module.shared_head.norm(h)))
+        return logits
+
+    @staticmethod
+    def _document_ids(positions: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The documents an MTP shift must not cross: document_ids, else those of per-row positions that restart
+        at each document ([bs, seqlen]); None: one document per row."""
+        if document_ids is not None:
+            return document_ids
+        if positions is not None and positions.dim() == 2:
+            return document_ids_from_positions(positions)
+        return None
+
+    def mtp_losses(
+        self,
+        mtp_logits: list[torch.Tensor],
+        labels: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Each depth's cross entropy, the mean over its kept labels (mtp_targets: labels shifted k left, ignored
+        where the shift leaves the row or the document), from forward(return_mtp=True)'s mtp_logits and the main
+        loss's labels [bs, seqlen]. Give the positions / document_ids given to forward. The trainer weighs their
+        mean by lambda (the paper's MTP loss)."""
+        depths = mtp_targets(labels, labels, len(mtp_logits), self._document_ids(positions, document_ids))
+        return [
+            F.cross_entropy(logits.flatten(0, 1).float(), depth.labels.flatten(), ignore_index=IGNORE_INDEX)
+            for logits, depth in zip(mtp_logits, depths)
+        ]
 
     # Kept for compatibility (before 0.16 the decoder carried its routing bookkeeping itself): thin delegations
     # to `routing`, the RoutingLedger, which is what a trainer should read.
