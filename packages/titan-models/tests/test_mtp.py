@@ -78,7 +78,7 @@ def test_document_ids_from_restarting_positions():
 
 def reference_mtp(model: Decoder, tokens: torch.Tensor, labels: torch.Tensor):
     """Per-depth logits and losses of one unpacked batch, by the equations, the shift by index arithmetic."""
-    args, (bs, seqlen) = model.args, tokens.shape
+    args, seqlen = model.args, tokens.shape[1]
     eps, emb, head = args.norm_eps, model.tok_embeddings.weight, model.output.weight
     freqs = model.freqs_cis[:seqlen]
     h = emb[tokens]

@@ -157,7 +157,7 @@ class Decoder(nn.Module):
         depths = mtp_targets(tokens, tokens, len(self.mtp), self._document_ids(positions, document_ids))
         # TODO(wiring): the MTP blocks' routing (a sparse last block) is not yet handed to the RoutingLedger.
         logits = []
-        for module, depth in zip(self.mtp.values(), depths):
+        for module, depth in zip(self.mtp.values(), depths, strict=True):
             h, _routed = module(h, self.tok_embeddings(depth.inputs), freqs_cis, document_ids=document_ids)
             logits.append(self.output(module.shared_head.norm(h)))
         return logits
@@ -186,7 +186,7 @@ class Decoder(nn.Module):
         depths = mtp_targets(labels, labels, len(mtp_logits), self._document_ids(positions, document_ids))
         return [
             F.cross_entropy(logits.flatten(0, 1).float(), depth.labels.flatten(), ignore_index=IGNORE_INDEX)
-            for logits, depth in zip(mtp_logits, depths)
+            for logits, depth in zip(mtp_logits, depths, strict=True)
         ]
 
     # Kept for compatibility (before 0.16 the decoder carried its routing bookkeeping itself): thin delegations
