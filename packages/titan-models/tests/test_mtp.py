@@ -211,3 +211,21 @@ def test_a_sparse_last_block_gives_sparse_mtp_blocks():
 
     model = build("deepseek_v3", mtp_layers=1)
     assert isinstance(model.layers["3"].feed_forward, MoE) and isinstance(model.mtp["1"].block.feed_forward, MoE)
+
+
+# --- parameter counts and FLOPs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_count_params_counts_the_mtp_modules(family):
+    from titan_models.decoder import count_params, flops_per_token, num_params
+
+    model = build(family, mtp_layers=2)
+    for exclude in (True, False):
+        assert count_params(model.args, exclude_embedding=exclude) == num_params(model, exclude_embedding=exclude)
+    args0 = dataclasses.replace(model.args, mtp_layers=0)
+    # Each depth: its parameters (active), one more block of attention scores, one more pass of the shared head.
+    per_depth = (count_params(model.args, active=True) - count_params(args0, active=True)) // 2
+    qk, v = (args0.mla.qk_head_dim, args0.mla.v_head_dim) if args0.mla else (args0.head_dim, args0.head_dim)
+    extra = 2 * 6 * (per_depth + args0.vocab_size * args0.dim + args0.n_heads * (qk + v) * 64)
+    assert flops_per_token(model.args, 64) - flops_per_token(args0, 64) == extra

@@ -23,12 +23,15 @@ def num_params(model: nn.Module, exclude_embedding: bool = True) -> int:
 
 def count_params(args: DecoderArgs, exclude_embedding: bool = True, active: bool = False) -> int:
     """num_params of Decoder(args), from the shapes alone. active: count only what one token computes with
-    (in a sparse layer the router, top_k routed experts and the shared experts), as MFU needs."""
+    (in a sparse layer the router, top_k routed experts and the shared experts), as MFU needs. The MTP modules
+    (args.mtp_layers) count their own parameters: three norms, eh_proj and a block of the last block's kind."""
     attention = _attention_params(args)
     norms = 2 * args.dim
     total = args.dim + args.vocab_size * args.dim
     for layer_id in range(args.n_layers):
         total += attention + norms + _feed_forward_params(args, layer_id, active)
+    mtp_module = 3 * args.dim + 2 * args.dim * args.dim + attention + norms
+    total += args.mtp_layers * (mtp_module + _feed_forward_params(args, args.n_layers - 1, active))
     if not exclude_embedding and not args.tie_word_embeddings:
         total += args.vocab_size * args.dim
     return total
@@ -65,6 +68,11 @@ def flops_per_token(args: DecoderArgs, seq_len: int) -> int:
     have no parameters: n_heads * (qk_head_dim + v_head_dim) * seq_len multiply-adds per token per layer,
     times 3 for fwd + bwd, times 2 FLOPs. Causal masking is ignored, as in PaLM (Chowdhery et al. 2022,
     appendix B) and TorchTitan.
+
+    With MTP modules (args.mtp_layers = D) each depth is one more block in both terms and one more pass through
+    the shared output head: 6 * D * vocab_size * dim more, the head being counted once in N.
     """
     qk, v = (args.mla.qk_head_dim, args.mla.v_head_dim) if args.mla is not None else (args.head_dim, args.head_dim)
-    return 6 * count_params(args, active=True) + 6 * args.n_layers * args.n_heads * (qk + v) * seq_len
+    blocks = args.n_layers + args.mtp_layers
+    mtp_heads = 6 * args.mtp_layers * args.vocab_size * args.dim
+    return 6 * count_params(args, active=True) + mtp_heads + 6 * blocks * args.n_heads * (qk + v) * seq_len
