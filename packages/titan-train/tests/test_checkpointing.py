@@ -109,3 +109,14 @@ def test_an_object_store_url_is_used_as_given_not_under_the_dump_folder(tmp_path
     cfg = config(tmp_path, "--checkpoint.folder", "memory://bucket/run")
     assert resolve_folder(cfg, cfg.checkpoint.folder) == "memory://bucket/run"
     assert resolve_folder(cfg, "checkpoint") == str(tmp_path / "checkpoint")
+
+
+def test_args_added_since_checkpoints_were_written_leave_the_fingerprint_at_their_old_value(tmp_path):
+    import dataclasses
+
+    from titan_models.llama3 import FLAVORS
+    from titan_train.run.checkpointing import fingerprint
+
+    cfg, args = config(tmp_path), FLAVORS["tiny"]
+    assert {"tie_word_embeddings", "mtp_layers"}.isdisjoint(fingerprint(cfg, args)["args"])
+    assert fingerprint(cfg, dataclasses.replace(args, mtp_layers=1))["args"]["mtp_layers"] == 1

@@ -34,7 +34,7 @@ def resolve_folder(config: JobConfig, folder: str) -> str:
 
 # Fields added to a model's args after checkpoints were written, with the value those checkpoints had:
 # left out of the fingerprint at that value, so the older checkpoints still match.
-_ADDED_ARGS = {"tie_word_embeddings": False}
+_ADDED_ARGS = {"tie_word_embeddings": False, "mtp_layers": 0}
 
 
 def fingerprint(config: JobConfig, model_args) -> dict:
