@@ -229,3 +229,39 @@ def test_count_params_counts_the_mtp_modules(family):
     qk, v = (args0.mla.qk_head_dim, args0.mla.v_head_dim) if args0.mla else (args0.head_dim, args0.head_dim)
     extra = 2 * 6 * (per_depth + args0.vocab_size * args0.dim + args0.n_heads * (qk + v) * 64)
     assert flops_per_token(model.args, 64) - flops_per_token(args0, 64) == extra
+
+
+# --- Hugging Face names: model.layers.<n_layers + k - 1>.* ----------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mtp_tensors_map_to_the_layer_after_the_last_and_back(family):
+    from titan_models.deepseek_v3 import DeepseekV3HFAdapter
+    from titan_models.llama3 import Llama3HFAdapter
+
+    model = build(family, mtp_layers=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-1, 1)  # every tensor distinct, norms and biases included
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    adapter = {"llama3": Llama3HFAdapter, "deepseek_v3": DeepseekV3HFAdapter}[family](model.args)
+    hf = adapter.to_hf(state)
+    assert sorted(hf) == sorted(adapter.hf_keys())
+    n = model.args.n_layers
+    for k in (1, 2):
+        for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"):
+            torch.testing.assert_close(hf[f"model.layers.{n + k - 1}.{name}"], state[f"mtp.{k}.{name}"], atol=0, rtol=0)
+    if family == "deepseek_v3":  # the last block is sparse: so is the MTP block, its experts one tensor each
+        torch.testing.assert_close(hf[f"model.layers.{n}.mlp.experts.7.down_proj.weight"],
+                                   state["mtp.1.block.feed_forward.experts.w2"][7].t(), atol=0, rtol=0)  # fmt: skip
+        assert f"model.layers.{n + 1}.self_attn.kv_a_proj_with_mqa.weight" in hf
+    else:
+        assert f"model.layers.{n + 1}.mlp.gate_proj.weight" in hf
+    back = adapter.from_hf(hf)
+    assert sorted(back) == sorted(state)
+    for key in state:
+        torch.testing.assert_close(back[key], state[key], rtol=0, atol=0, msg=key)
+    with pytest.raises(ValueError, match="mtp_layers=2"):
+        adapter.to_hf_key("mtp.3.enorm.weight")
+    with pytest.raises(ValueError, match="does not exist"):
+        adapter.from_hf_key(f"model.layers.{n + 2}.enorm.weight")

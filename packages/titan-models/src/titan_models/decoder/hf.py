@@ -12,6 +12,11 @@ so: an export skips output.weight, an import fills it from the embedding.
 Rotary layout: our wq/wk rows for each head are ordered as adjacent pairs (Meta's complex layout); HF
 pairs row k with row k + head_dim / 2 (rotate_half). to_hf permutes q/k rows the way Hugging Face's
 convert_llama_weights_to_hf.py does; from_hf undoes it.
+
+Multi-token prediction modules (args.mtp_layers, decoder/mtp.py) are DeepSeek-V3's extra layers: module k is
+model.layers.<n_layers + k - 1>, its own enorm, hnorm, eh_proj and shared_head.norm under those names and its block
+under the names of a block of the last block's kind. The copies DeepSeek's folders also keep there of the shared
+embedding and head (embed_tokens, shared_head.head) are neither read nor written.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ _EXPERTS = {
     "feed_forward.experts.w2": "down_proj.weight",
 }
 _TOP_LEVEL_FROM_HF = {hf: ours for ours, hf in _TOP_LEVEL.items()}
+# A multi-token prediction module's own tensors (decoder/mtp.py), the same names in model.layers.<n_layers + k - 1>.
+_MTP_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+_OUR_MTP_KEY = re.compile(r"mtp\.(\d+)\.(.+)")
 _OUR_LAYER_KEY = re.compile(r"layers\.(\d+)\.(.+)")
 _HF_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _HF_EXPERT_KEY = re.compile(r"mlp\.experts\.(\d+)\.(.+)")
@@ -134,6 +142,26 @@ class DecoderHFAdapter:
             raise ValueError(f"{key!r}: layer {layer} does not exist, the model has n_layers={self.args.n_layers}")
         return layer
 
+    def _block(self, fqn: str) -> tuple[int, int, str] | None:
+        """(Hugging Face layer, the layer whose kind the block has, our name within the block) of a block tensor:
+        `layers.<i>.<name>`, or `mtp.<k>.block.<name>` (Hugging Face's layer n_layers + k - 1, the kind of the
+        last block); None for any other name."""
+        match = _OUR_LAYER_KEY.fullmatch(fqn)
+        if match:
+            layer = self._layer(match, fqn)
+            return layer, layer, match.group(2)
+        match = _OUR_MTP_KEY.fullmatch(fqn)
+        if match and match.group(2).startswith("block."):
+            return self._mtp_layer(int(match.group(1)), fqn), self.args.n_layers - 1, match.group(2)[len("block.") :]
+        return None
+
+    def _mtp_layer(self, depth: int, key: str) -> int:
+        if not 1 <= depth <= self.args.mtp_layers:
+            raise ValueError(
+                f"{key!r}: MTP module {depth} does not exist, the model has mtp_layers={self.args.mtp_layers}"
+            )
+        return self.args.n_layers + depth - 1
+
     def _layer_names(self, layer: int) -> dict[str, str]:
         """Our names within block `layer` -> Hugging Face's within model.layers.<layer>, expert weights aside."""
         names = dict(_PER_LAYER)
@@ -150,25 +178,28 @@ class DecoderHFAdapter:
     def stacked_hf_keys(self, fqn: str) -> list[str] | None:
         """The Hugging Face keys (one per expert, in expert order) whose tensors, each through from_hf_tensor,
         stack on a new first dimension into our tensor `fqn`; None for a tensor that maps one to one."""
-        match = _OUR_LAYER_KEY.fullmatch(fqn)
-        if not match or match.group(2) not in _EXPERTS:
+        block = self._block(fqn)
+        if block is None or block[2] not in _EXPERTS:
             return None
-        layer = self._layer(match, fqn)
-        if not self.args.is_sparse(layer):
+        layer, kind, rest = block
+        if not self.args.is_sparse(kind):
             raise ValueError(f"{fqn!r}: layer {layer} is dense, it has no experts")
-        name = _EXPERTS[match.group(2)]
+        name = _EXPERTS[rest]
         return [f"model.layers.{layer}.mlp.experts.{e}.{name}" for e in range(self.args.moe.num_experts)]
 
     def to_hf_key(self, fqn: str) -> str:
         if fqn in _TOP_LEVEL:
             return _TOP_LEVEL[fqn]
-        match = _OUR_LAYER_KEY.fullmatch(fqn)
-        if match:
-            layer = self._layer(match, fqn)
-            names = self._layer_names(layer)
-            if match.group(2) in names:
-                return f"model.layers.{layer}.{names[match.group(2)]}"
-            if match.group(2) == "feed_forward.router.expert_bias":
+        mtp = _OUR_MTP_KEY.fullmatch(fqn)
+        if mtp and mtp.group(2) in _MTP_OWN:
+            return f"model.layers.{self._mtp_layer(int(mtp.group(1)), fqn)}.{mtp.group(2)}"
+        block = self._block(fqn)
+        if block:
+            layer, kind, rest = block
+            names = self._layer_names(kind)
+            if rest in names:
+                return f"model.layers.{layer}.{names[rest]}"
+            if rest == "feed_forward.router.expert_bias":
                 raise ValueError(
                     f"{fqn!r}: {self.architectures[0]} has no per-expert selection bias; a model trained with "
                     "moe.load_balance = 'aux_loss_free' cannot be exported to this Hugging Face architecture"
@@ -183,16 +214,24 @@ class DecoderHFAdapter:
             return _TOP_LEVEL_FROM_HF[hf_key]
         match = _HF_LAYER_KEY.fullmatch(hf_key)
         if match:
-            layer = self._layer(match, hf_key)
-            ours = {hf: name for name, hf in self._layer_names(layer).items()}
-            if match.group(2) in ours:
-                return f"layers.{layer}.{ours[match.group(2)]}"
-            expert = _HF_EXPERT_KEY.fullmatch(match.group(2))
+            layer, rest = int(match.group(1)), match.group(2)
+            if self.args.n_layers <= layer < self.args.n_layers + self.args.mtp_layers:
+                # An MTP module: its own tensors, then a block of the last block's kind.
+                depth = layer - self.args.n_layers + 1
+                if rest in _MTP_OWN:
+                    return f"mtp.{depth}.{rest}"
+                prefix, kind = f"mtp.{depth}.block.", self.args.n_layers - 1
+            else:
+                prefix, kind = f"layers.{self._layer(match, hf_key)}.", layer
+            ours = {hf: name for name, hf in self._layer_names(kind).items()}
+            if rest in ours:
+                return prefix + ours[rest]
+            expert = _HF_EXPERT_KEY.fullmatch(rest)
             stacked = {hf: name for name, hf in _EXPERTS.items()}
-            if expert and self.args.is_sparse(layer) and expert.group(2) in stacked:
+            if expert and self.args.is_sparse(kind) and expert.group(2) in stacked:
                 if int(expert.group(1)) >= self.args.moe.num_experts:
                     raise ValueError(f"{hf_key!r}: the model has num_experts={self.args.moe.num_experts}")
-                return f"layers.{layer}.{stacked[expert.group(2)]}"
+                return prefix + stacked[expert.group(2)]
         raise ValueError(
             f"{hf_key!r} is not a {self.architectures[0]} parameter name of this model "
             f"(expected e.g. 'model.layers.0.self_attn.q_proj.weight')"
@@ -264,5 +303,12 @@ class DecoderHFAdapter:
             if self.args.is_sparse(layer):
                 for fqn in _EXPERTS:
                     per_layer += self.stacked_hf_keys(f"layers.{layer}.{fqn}")
+        kind = self.args.n_layers - 1
+        for depth in range(1, self.args.mtp_layers + 1):
+            layer = self.args.n_layers + depth - 1
+            per_layer += [f"model.layers.{layer}.{name}" for name in (*self._layer_names(kind).values(), *_MTP_OWN)]
+            if self.args.is_sparse(kind):
+                for fqn in _EXPERTS:
+                    per_layer += self.stacked_hf_keys(f"mtp.{depth}.block.{fqn}")
         head = [] if self.args.tie_word_embeddings else ["lm_head.weight"]
         return ["model.embed_tokens.weight", *per_layer, "model.norm.weight", *head]
