@@ -20,8 +20,8 @@ FAMILIES = {"llama3": LLAMA3["tiny"], "deepseek_v3": DEEPSEEK_V3["tiny"]}
 DOCS = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [0] * 12])
 
 
-def build(family: str, mtp_layers: int = 2, seed: int = 0) -> Decoder:
-    args = dataclasses.replace(FAMILIES[family], mtp_layers=mtp_layers)
+def build(family: str, mtp_layers: int = 2, seed: int = 0, **changes) -> Decoder:
+    args = dataclasses.replace(FAMILIES[family], mtp_layers=mtp_layers, **changes)
     with torch.device("meta"):
         model = Decoder(args)
     model.to_empty(device="cpu")
@@ -265,3 +265,27 @@ def test_mtp_tensors_map_to_the_layer_after_the_last_and_back(family):
         adapter.to_hf_key("mtp.3.enorm.weight")
     with pytest.raises(ValueError, match="does not exist"):
         adapter.from_hf_key(f"model.layers.{n + 2}.enorm.weight")
+
+
+def test_the_mtp_blocks_routing_has_a_ledger_of_its_own():
+    model = build("deepseek_v3", mtp_layers=2)
+    tokens = torch.randint(0, model.args.vocab_size, (2, 8))
+    logits, mtp_logits = model(tokens, return_mtp=True)
+    main, mtp = model.take_routing_stats(), model.mtp_routing.take()
+    top_k = model.args.moe.top_k
+    assert main.tokens_per_expert.shape[0] == len(model.moe_layers())  # the main rows unchanged by MTP
+    assert mtp.tokens_per_expert.shape == (2, model.args.moe.num_experts) and mtp.forwards == 1
+    assert mtp.tokens_per_expert.sum(-1).tolist() == [2 * 8 * top_k] * 2
+    assert build("llama3", mtp_layers=1).mtp_routing is None and build("deepseek_v3", mtp_layers=0).mtp_routing is None
+
+
+def test_the_mtp_blocks_auxiliary_loss_reaches_their_routers():
+    moe = dataclasses.replace(FAMILIES["deepseek_v3"].moe, load_balance="aux_loss")
+    model = build("deepseek_v3", mtp_layers=1, moe=moe)
+    tokens = torch.randint(0, model.args.vocab_size, (2, 8))
+    _, mtp_logits = model(tokens, return_mtp=True)
+    assert model.mtp_routing.aux_loss is not None
+    # A loss that does not read the routing weights' value path: only the auxiliary loss moves the gate.
+    (0 * mtp_logits[0].sum()).backward()
+    gate = model.mtp["1"].block.feed_forward.router.gate.weight.grad
+    assert gate is not None and gate.abs().sum() > 0

@@ -51,6 +51,9 @@ class Decoder(nn.Module):
         self.tie_weights()
         self.positions: torch.Tensor | None = None
         self.routing = RoutingLedger(args.moe, self.layers) if args.moe is not None else None
+        # The MTP modules' sparse blocks keep a ledger of their own: the main ledger's rows (expert loads, bias
+        # updates) stay those of the main blocks, whether or not a forward runs the modules.
+        self.mtp_routing = RoutingLedger(args.moe, self.mtp) if args.moe is not None and self.mtp is not None else None
 
     def tie_weights(self) -> None:
         """With args.tie_word_embeddings, make output.weight the embedding's own parameter. Called again by
@@ -155,12 +158,15 @@ class Decoder(nn.Module):
                 "the token embedding, the MTP modules and the output head in this model part"
             )
         depths = mtp_targets(tokens, tokens, len(self.mtp), self._document_ids(positions, document_ids))
-        # TODO(wiring): the MTP blocks' routing (a sparse last block) is not yet handed to the RoutingLedger.
-        logits = []
+        hiddens, routings = [], []
         for module, depth in zip(self.mtp.values(), depths, strict=True):
-            h, _routed = module(h, self.tok_embeddings(depth.inputs), freqs_cis, document_ids=document_ids)
-            logits.append(self.output(module.shared_head.norm(h)))
-        return logits
+            h, routed = module(h, self.tok_embeddings(depth.inputs), freqs_cis, document_ids=document_ids)
+            hiddens.append(h)
+            if routed is not None:
+                routings.append(routed)
+        if self.mtp_routing is not None:  # the modules' auxiliary loss joins the gradient through the last depth
+            hiddens[-1] = self.mtp_routing.read(hiddens[-1], routings)
+        return [self.output(module.shared_head.norm(h)) for module, h in zip(self.mtp.values(), hiddens, strict=True)]
 
     @staticmethod
     def _document_ids(positions: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
@@ -203,8 +209,9 @@ class Decoder(nn.Module):
 
     def set_loss_weight(self, weight: float) -> None:
         """routing.set_loss_weight: the gradient weight of one unit of the next forwards' training loss."""
-        if self.routing is not None:
-            self.routing.set_loss_weight(weight)
+        for ledger in (self.routing, self.mtp_routing):
+            if ledger is not None:
+                ledger.set_loss_weight(weight)
 
     def take_routing_stats(self) -> RoutingStats:
         """routing.take(): (tokens per expert [moe layers, experts] or None, aux loss sum, forwards) since the
