@@ -139,6 +139,9 @@ def check_packed_equals_documents_alone(model: Decoder) -> None:
     positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in ([5, 4, 3], [12])])
     _, packed = model(tokens, positions=positions, document_ids=DOCS, return_mtp=True)
     packed_losses = model.mtp_losses(packed, labels, positions=positions, document_ids=DOCS)
+    # Positions that restart at each document say the same boundaries as document ids.
+    for by_positions, by_ids in zip(model.mtp_losses(packed, labels, positions=positions), packed_losses, strict=True):
+        torch.testing.assert_close(by_positions, by_ids, atol=0, rtol=0)
     D = model.args.mtp_layers
     alone_logits = [[] for _ in range(D)]
     alone_labels = [[] for _ in range(D)]
