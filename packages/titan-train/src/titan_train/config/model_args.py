@@ -13,13 +13,47 @@ from titan_train.config.sections import JobConfig
 def model_args(config: JobConfig):
     args = get_model_spec(config.model.name).args_for(config.model.flavor)
     args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
-    return _with_moe_choices(_with_depth(args, config.model.n_layers), config)
+    return _with_mtp(_with_moe_choices(_with_depth(args, config.model.n_layers), config), config)
 
 
 def _with_depth(args, n_layers: int):
     if n_layers < 0:
         raise ConfigError(f"model.n_layers={n_layers}: must be >= 1, or 0 for the flavor's ({args.n_layers})")
     return dataclasses.replace(args, n_layers=n_layers) if n_layers else args
+
+
+def _with_mtp(args, config: JobConfig):
+    """model.mtp_layers into the args (DecoderArgs.mtp_layers); refused where it is not trained yet."""
+    depths = config.model.mtp_layers
+    if depths < 0:
+        raise ConfigError(f"model.mtp_layers={depths} must be >= 0 (0: no multi-token prediction)")
+    if depths == 0:
+        return args
+    if not hasattr(args, "mtp_layers"):
+        raise ConfigError(
+            f"model.mtp_layers={depths}: model {config.model.name!r} has no multi-token prediction modules; use a "
+            "decoder family (llama3, qwen3, qwen3_moe, deepseek_v3) or model.mtp_layers = 0"
+        )
+    p = config.parallelism
+    refused = {
+        "pipeline_parallel_degree": "the MTP modules need the embedding on the last stage",
+        "context_parallel_degree": "the shifted token of a rank's last positions lives on the next rank",
+        "tensor_parallel_degree": "the MTP modules have no tensor-parallel plan yet",
+        "expert_parallel_degree": "the MTP modules' experts are not dispatched over expert ranks yet",
+    }
+    for key, why in refused.items():
+        if getattr(p, key) > 1:
+            raise ConfigError(
+                f"model.mtp_layers={depths} with parallelism.{key}={getattr(p, key)} is not wired yet ({why}); "
+                f"train MTP on one process or with FSDP/HSDP/DDP (parallelism.{key} = 1), or set model.mtp_layers = 0"
+            )
+    chunk = config.training.loss_chunk_tokens
+    if chunk != "auto" and chunk > 0:
+        raise ConfigError(
+            f"model.mtp_layers={depths} with training.loss_chunk_tokens={chunk}: the chunked loss does not compute "
+            'the MTP heads\' losses yet; set training.loss_chunk_tokens = 0 or "auto" (the plain loss with MTP)'
+        )
+    return dataclasses.replace(args, mtp_layers=depths)
 
 
 def _with_moe_choices(args, config: JobConfig):

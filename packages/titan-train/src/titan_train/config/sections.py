@@ -35,6 +35,12 @@ class Model:
     n_layers: int = 0
     """Blocks of the model; 0: the flavor's. A smaller number builds the flavor's width with fewer blocks (a quick
     run at the real width; `titan-train plan` dry-runs deep models so and extrapolates per block)."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules (DeepSeek-V3's MTP, TorchTitan's num_mtp_layers): module k predicts the token
+    k + 1 ahead from the previous depth's hidden state and the embedding of the token k ahead, sharing the embedding
+    and output head; their loss joins the training loss weighted by training.mtp_loss_weight. 0: none. Decoder
+    families only; trains on one process and under FSDP/HSDP/DDP, with the plain loss (training.loss_chunk_tokens
+    "auto" turns chunking off); pipeline, context, tensor and expert parallelism are refused for now."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
     attention_mask: Literal["causal", "block_causal"] = "causal"
@@ -126,6 +132,15 @@ class Training:
     gradients, the same three head matmuls as the plain loss); 0: the plain loss. "auto": chunked wherever a
     micro-batch's logits are larger than the head's weight (more tokens per micro-batch than the model's dim),
     in chunks of about vocab/dim (at least 256 tokens); the log's layout line says what it chose."""
+    mtp_loss_weight: float = 0.3
+    """lambda: the weight of the multi-token prediction loss (the mean over depths of each depth's cross entropy) added
+    to the main loss, with model.mtp_layers > 0; the step's reported loss stays the main loss, each depth's is
+    logged as mtp_loss_1, mtp_loss_2, ... (DeepSeek-V3: 0.3 for the first 10T tokens, then 0.1)."""
+    mtp_loss_weight_after: int = 0
+    """The step after which lambda becomes training.mtp_loss_weight_late (steps 1..N use mtp_loss_weight, N+1.. the
+    late weight); 0: lambda never changes."""
+    mtp_loss_weight_late: float = 0.1
+    """lambda after training.mtp_loss_weight_after steps."""
     loss_chunk_gradients: Literal["in_forward", "recompute"] = "in_forward"
     """How the chunked loss gets its gradients: "in_forward" (with the loss; a float32 gradient of the head's
     weight is held until backward) or "recompute" (each chunk's logits recomputed in backward: one more head

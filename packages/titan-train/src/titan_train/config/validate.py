@@ -81,6 +81,12 @@ def validate(config: JobConfig) -> None:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    _require(t.mtp_loss_weight >= 0, f"training.mtp_loss_weight={t.mtp_loss_weight} must be >= 0")
+    _require(t.mtp_loss_weight_late >= 0, f"training.mtp_loss_weight_late={t.mtp_loss_weight_late} must be >= 0")
+    _require(
+        t.mtp_loss_weight_after >= 0,
+        f"training.mtp_loss_weight_after={t.mtp_loss_weight_after} must be >= 0 (a step; 0: lambda never changes)",
+    )
     _validate_switched_off_values(config)
     if config.metrics.enable_wandb:
         _require(

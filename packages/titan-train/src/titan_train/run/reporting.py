@@ -72,13 +72,14 @@ class StepReporter:
 
     def step(
         self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None, routing=None,
-        replicas: str | None = None,
+        replicas: str | None = None, mtp: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
         """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
         such a step is always logged. `routing`: a mixture of experts' RoutingReport for the step (aux_loss,
         expert_imbalance: the busiest expert's tokens over the mean, worst layer), None for dense models.
         `replicas`: with replica groups, the groups the step was trained by over all ("1/2"); the loss is then
-        the mean over their sequences."""
+        the mean over their sequences. `mtp`: with multi-token prediction, each depth's loss (mtp_loss_1, ..) and
+        lambda (mtp_loss_weight); `loss` is then the main loss alone."""
         self.throughput.add_tokens(self.tokens_per_step)
         memory = memory_stats(self.device)["peak_gib"]
         # Every step, on every rank: stages differ in memory (the first holds the most activations).
@@ -101,6 +102,7 @@ class StepReporter:
             "data_time_frac": window.data_time_frac,
             **(validation or {}),
         }
+        record.update(mtp or {})
         if routing is not None:
             if routing.aux_loss is not None:
                 record["aux_loss"] = routing.aux_loss

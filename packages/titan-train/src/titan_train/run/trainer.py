@@ -39,6 +39,7 @@ from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
 from titan_train.run.loss_weights import loss_weights_for
+from titan_train.run.mtp_loss import MTPLoss
 from titan_train.run.optim import LRSchedulers, Optimizers
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
@@ -79,13 +80,18 @@ class Trainer:
         self.replicas = build_replica_groups(config.fault_tolerance, env)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
+        # With multi-token prediction the loss adds the MTP heads' (mtp_loss.py); else the plain cross entropy.
+        self.mtp_loss = MTPLoss(config) if config.model.mtp_layers > 0 else None
         # A dry run decides float8.emulate = "auto" for the device it models, not the CPU it runs on.
         float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
-            env.device, loss_fn=cross_entropy, seed=t.seed, converter=with_lora(float8, config.lora),
+            env.device, loss_fn=self.mtp_loss or cross_entropy, seed=t.seed, converter=with_lora(float8, config.lora),
             token_kwargs=document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id),
         )  # fmt: skip
+        if self.mtp_loss is not None:
+            self.mtp_loss.attach(self.parallel_model.whole_model)
+        self.mtp_metrics: dict[str, float] = {}  # the last step's mtp_loss_1.. and mtp_loss_weight, for metrics
         init_adapters(self.parallel_model.parts, t.seed)  # the model's own init_weights knows no adapters
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
@@ -154,13 +160,17 @@ class Trainer:
         model, accumulation = self.parallel_model, self.layout.accumulation_steps
         self.replicas.start_step()
         batches = [self.next_batch() for _ in range(accumulation)]
+        if self.mtp_loss is not None:
+            self.mtp_loss.weight = self.mtp_loss.weight_at(self.step_count + 1)
         while True:
             self.optimizer.zero_grad(set_to_none=True)
+            if self.mtp_loss is not None:
+                self.mtp_loss.take()  # this try's micro-batches only (a redone step, a forward_backward before)
             scales = self.loss_weights([labels for _, labels in batches])
             loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
-            loss = self.replicas.average(model.mean_loss(loss))
+            loss = self.replicas.average(model.mean_loss(self._main_loss(loss, scales)))
             if self.replicas.should_commit():
                 break
             self.replicas.start_step()
@@ -172,6 +182,18 @@ class Trainer:
             self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
         return loss, grad_norm, lr
+
+    def _main_loss(self, loss: torch.Tensor, scales: list[float]) -> torch.Tensor:
+        """The step's main loss (the reported one; forward_backward returns the total, main + lambda x MTP), and
+        with MTP each depth's loss, averaged alike, into `mtp_metrics`."""
+        if self.mtp_loss is None:
+            return loss
+        taken = self.mtp_loss.take()
+        self.mtp_metrics = {"mtp_loss_weight": self.mtp_loss.weight}
+        for k in range(len(taken[0][1])):
+            depth = sum(depths[k] * scale for (_, depths), scale in zip(taken, scales, strict=True))
+            self.mtp_metrics[f"mtp_loss_{k + 1}"] = self.replicas.average(self.parallel_model.mean_loss(depth))
+        return sum(main * scale for (main, _), scale in zip(taken, scales, strict=True))
 
     def train(self) -> list[float]:
         cfg, rank, device = self.config, self.env.rank, self.env.device
@@ -200,7 +222,10 @@ class Trainer:
                     self._shorten_timeouts_after_first_step()
                     with self.throughput.excluded():  # evaluation time is not training throughput
                         validation = validator.run() if validator.due(self.step_count) else {}
-                    reporter.step(self.step_count, loss, grad_norm, lr, validation, self.routing, self.replicas.live())
+                    reporter.step(
+                        self.step_count, loss, grad_norm, lr, validation, self.routing, self.replicas.live(),
+                        self.mtp_metrics,
+                    )  # fmt: skip
                     self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()
                     snapshots.step()
