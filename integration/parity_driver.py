@@ -5,7 +5,8 @@
 Saves (rank 0): the per-step losses, the grad norm, every parameter's full gradient after step 1, the MoE
 selection biases after the last step, every rank's applied layout (titan_parallel.describe_applied, read
 from the live model before step 1) and the collectives each rank's flight recorder saw in step 1 (op ->
-sizes of the process groups it ran on).
+sizes of the process groups it ran on), and with multi-token prediction each step's mtp_loss_1.. and
+mtp_loss_weight (Trainer.mtp_metrics; empty dicts without).
 `--emulate-dp W` makes a single process see the same global batch as W data-parallel ranks: each step
 accumulates W micro-batches, micro-batch k drawn from data shard k, so it is the reference for dp = W (with
 --training.global_batch_size G: G / local_batch_size micro-batches in turn from the W shards, the reference
@@ -109,11 +110,12 @@ def main(argv: list[str]) -> None:
         out, _, trainer = emulating_trainer(argv)
         config, env = trainer.config, trainer.env
         applied = every_rank(trainer.parallel_model.applied_layout())
-        losses, norms, grads = [], [], None
+        losses, norms, grads, mtp = [], [], None, []
         for step in range(config.training.steps):
             loss, grad_norm, _ = trainer.step()
             losses.append(loss)
             norms.append(grad_norm)
+            mtp.append(dict(trainer.mtp_metrics))
             if step == 0:
                 grads = full_grads(trainer.model_parts)
                 collectives = every_rank(collectives_seen())
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> None:
         if env.rank == 0:
             torch.save(
                 {"losses": losses, "grad_norms": norms, "grads": grads, "applied": applied, "buffers": buffers,
-                 "collectives": collectives}, out,
+                 "collectives": collectives, "mtp": mtp}, out,
             )  # fmt: skip
     finally:
         shutdown_distributed()

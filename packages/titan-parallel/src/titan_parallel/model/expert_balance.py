@@ -9,6 +9,9 @@ titan_models.moe.RoutingLedger; None or absent: the part routes nothing), an obj
     take() -> (tokens per expert [moe layers, experts] or None, aux loss sum, forwards), since the last take
     update_expert_bias(load)         move the selection biases against the step's global load
     aux_loss                         the last forward's auxiliary loss; None when the model trains none
+A part may own a second ledger as `part.mtp_routing` (the decoder's multi-token prediction modules): it trains
+with the same loss weight and its selection biases move against its own global load, but it stays out of the
+report (its aux loss, loads and imbalance), so the report's rows are the main model's MoE layers.
 """
 
 from __future__ import annotations
@@ -40,13 +43,19 @@ def routing_ledgers(parts: list[nn.Module]) -> list:
     return [ledger for ledger in ledgers if ledger is not None]
 
 
+def mtp_routing_ledgers(parts: list[nn.Module]) -> list:
+    """The second ledgers (`part.mtp_routing`) of the parts that keep one."""
+    ledgers = (getattr(part, "mtp_routing", None) for part in parts)
+    return [ledger for ledger in ledgers if ledger is not None]
+
+
 def routes_experts(parts: list[nn.Module]) -> bool:
     """Whether any of these parts holds a mixture-of-experts layer."""
     return any(ledger.layers() for ledger in routing_ledgers(parts))
 
 
 def set_loss_weight(parts: list[nn.Module], weight: float) -> None:
-    for ledger in routing_ledgers(parts):
+    for ledger in routing_ledgers(parts) + mtp_routing_ledgers(parts):
         ledger.set_loss_weight(weight)
 
 
@@ -58,6 +67,12 @@ def balance_experts(parts: list[nn.Module], data_mesh: DeviceMesh | None, gather
     stats = [entry for entry in stats if entry[1] is not None]
     loads, aux_sum, forwards, trains_aux = [], 0.0, 0, False
     spread = data_mesh is not None and data_mesh.size() > 1
+    for ledger in mtp_routing_ledgers(parts):  # balanced alike, kept out of the report
+        load = ledger.take()[0]
+        if load is not None:
+            if spread:
+                dist.all_reduce(load, group=data_mesh.get_group())
+            ledger.update_expert_bias(load)
     for ledger, load, part_aux, part_forwards in stats:
         if spread:
             dist.all_reduce(load, group=data_mesh.get_group())

@@ -1,0 +1,73 @@
+"""Multi-token prediction (model.mtp_layers) under FSDP/HSDP against the single-process run of the same global
+batch: the main loss, each depth's MTP loss and the gradients after step 1 (the MTP modules' included).
+
+Reference and tolerances as test_parallel_parity: one process accumulating the data ranks' micro-batches;
+float32 losses rtol 1e-5 over 5 steps, gradients rtol 1e-4 / atol 1e-6. lambda = 0.5 until step 3, then 0.2, so
+a layout that dropped the MTP loss, or its schedule, moves the gradients and the later losses past the tolerance.
+The MTP modules' MoE ledger (Decoder.mtp_routing) takes the loss weight of each micro-batch as the main one's
+(without, the reference weighs their aux loss twice: the routers' gradients were 50% off) and its biases move
+against the load summed over data ranks.
+Pipeline, context and tensor parallelism are refused with MTP for now (test_mtp_train.py).
+"""
+
+import functools
+
+import pytest
+import torch
+
+from applied_checks import assert_layout_applied
+from launch_helpers import parity_result
+
+MODEL = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", "5",
+         "--metrics.log_freq", "1000", "--model.mtp_layers", "2", "--training.mtp_loss_weight", "0.5",
+         "--training.mtp_loss_weight_after", "3", "--training.mtp_loss_weight_late", "0.2"]  # fmt: skip
+LLAMA = ("--model.name", "llama3", "--model.flavor", "tiny")
+# DeepSeek-V3 tiny: the MTP modules' block is an MoE block, like its last; documents packed block-causally.
+DEEPSEEK = ("--model.name", "deepseek_v3", "--model.flavor", "tiny", "--moe.load_balance", "sequence_aux_loss",
+            "--model.attention_mask", "block_causal", "--model.positions", "document")  # fmt: skip
+# (id, world size, data-parallel degree, options the reference shares, options)
+CASES = [
+    ("llama_fsdp2", 2, 2, LLAMA, []),
+    ("llama_hsdp2x2_ac_full", 4, 4, LLAMA, ["--parallelism.data_parallel_replicate_degree", "2",
+                                            "--activation_checkpoint.mode", "full"]),
+    ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
+    ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
+                                       "--moe.bias_update_rate", "0.05"), []),
+]  # fmt: skip
+FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
+
+
+@functools.cache
+def reference(dp: int, tmp_root: str, options: tuple[str, ...]) -> dict:
+    out = f"{tmp_root}/reference_dp{dp}_{'_'.join(options).replace('/', '')}.pt"
+    return parity_result(out, ["--emulate-dp", str(dp), *MODEL, *options, "--job.dump_folder", f"{tmp_root}/ref"],
+                         nproc=None)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("mtp_parity"))
+
+
+@pytest.mark.parametrize("case_id, world, dp, shared, options", CASES, ids=[c[0] for c in CASES])
+def test_mtp_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
+    out = f"{tmp_root}/{case_id}.pt"
+    result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
+    assert_layout_applied(result["applied"], world, [*MODEL, *shared, *options])
+    ref = reference(dp, tmp_root, shared)
+    assert [row["mtp_loss_weight"] for row in ref["mtp"]] == [0.5] * 3 + [0.2] * 2
+    torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
+    for depth in ("mtp_loss_1", "mtp_loss_2"):
+        got, want = [row[depth] for row in result["mtp"]], [row[depth] for row in ref["mtp"]]
+        torch.testing.assert_close(got, want, rtol=FP32["loss_rtol"], atol=0, msg=depth)
+    assert result["grads"].keys() == ref["grads"].keys()
+    assert any(name.startswith("mtp.2.eh_proj") for name in ref["grads"])
+    # The MTP modules' MoE: weighted like the main loss's (their routers' gradients), biases moved alike.
+    assert result["buffers"].keys() == ref["buffers"].keys()
+    assert any(name.startswith("mtp.") for name in ref["buffers"]) == ("aux_loss_free" in shared)
+    for name, bias in ref["buffers"].items():
+        assert bias.abs().sum() > 0, name
+        torch.testing.assert_close(result["buffers"][name], bias, rtol=0, atol=1e-6, msg=name)
+    for name, grad in ref["grads"].items():
+        torch.testing.assert_close(result["grads"][name], grad, rtol=FP32["grad_rtol"], atol=FP32["grad_atol"],
+                                   msg=name)  # fmt: skip
