@@ -156,3 +156,12 @@ def test_console_line_shows_replica_groups_as_written(tmp_path):
         assert metrics.format_line(10, {**RECORD, "replicas": "1/2"}).endswith("replicas 1/2")
         metrics.log(10, {**RECORD, "replicas": "1/2"})
     assert read_jsonl(tmp_path / "metrics.jsonl")[0]["replicas"] == "1/2"
+
+
+def test_console_line_shows_each_mtp_depth_after_the_main_loss(tmp_path):
+    """Multi-token prediction (titan-train's model.mtp_layers): mtp_loss_1.. right after the main loss, in depth
+    order (10 after 2), whatever order the record holds them in."""
+    metrics = MetricsLogger(tmp_path, rank=0)
+    line = metrics.format_line(3, {"mtp_loss_10": 3.0, "loss": 1.0, "mtp_loss_2": 2.5, "mtp_loss_1": 2.0, "lr": 1e-3})
+    assert line == "step    3  loss 1.0000  mtp1 2.0000  mtp2 2.5000  mtp10 3.0000  lr 1.0e-03"
+    metrics.close()

@@ -119,7 +119,7 @@ class MetricsLogger:
             filled = int(frac * _BAR_WIDTH)
             parts[0] += f"/{self.total_steps}"
             parts.append(f"[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {int(frac * 100):>2}%")
-        for key, label, fmt in _CONSOLE_FIELDS:
+        for key, label, fmt in _console_fields(record):
             if key in record:
                 value = record[key]
                 if isinstance(value, Mapping):  # one value per rank, e.g. per pipeline rank
@@ -166,6 +166,14 @@ _CONSOLE_FIELDS = (
     ("validation_perplexity", "validation_perplexity", lambda v: f"{v:.2f}"),
     ("replicas", "replicas", str),  # replica groups that trained the step / all (titan-train fault tolerance)
 )
+
+
+def _console_fields(record: Mapping[str, Any]) -> list[tuple]:
+    """The console's fields: multi-token prediction's per-depth losses (mtp_loss_1, .., titan-train's model.mtp_layers)
+    right after the main loss, as "mtp1 .."."""
+    depths = sorted(int(key[9:]) for key in record if key.startswith("mtp_loss_") and key[9:].isdigit())
+    mtp = [(f"mtp_loss_{k}", f"mtp{k}", _CONSOLE_FIELDS[0][2]) for k in depths]
+    return [_CONSOLE_FIELDS[0], *mtp, *_CONSOLE_FIELDS[1:]]
 
 
 def _to_plain(value: Any) -> Any:
