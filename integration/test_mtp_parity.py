@@ -30,6 +30,8 @@ CASES = [
     ("llama_fsdp2", 2, 2, LLAMA, []),
     ("llama_hsdp2x2_ac_full", 4, 4, LLAMA, ["--parallelism.data_parallel_replicate_degree", "2",
                                             "--activation_checkpoint.mode", "full"]),
+    ("llama_fsdp2_compile_ac_op", 2, 2, LLAMA, ["--compile.enable", "true", "--activation_checkpoint.mode",
+                                                "selective"]),
     ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
                                        "--moe.bias_update_rate", "0.05"), []),
