@@ -1,4 +1,4 @@
-"""Multi-token prediction (model.mtp_layers) under FSDP/HSDP against the single-process run of the same global
+"""Multi-token prediction (model.mtp_layers) under FSDP/HSDP/DDP against the single-process run of the same global
 batch: the main loss, each depth's MTP loss and the gradients after step 1 (the MTP modules' included).
 
 Reference and tolerances as test_parallel_parity: one process accumulating the data ranks' micro-batches;
@@ -32,6 +32,8 @@ CASES = [
                                             "--activation_checkpoint.mode", "full"]),
     ("llama_fsdp2_compile_ac_op", 2, 2, LLAMA, ["--compile.enable", "true", "--activation_checkpoint.mode",
                                                 "selective"]),
+    ("llama_ddp2", 2, 2, LLAMA, ["--parallelism.data_parallel_replicate_degree", "2",
+                                 "--parallelism.data_parallel_shard_degree", "1"]),
     ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
                                        "--moe.bias_update_rate", "0.05"), []),
