@@ -70,8 +70,6 @@ def _expected_loss_chunk(o: dict, *, tp: int, cp: int) -> int:
     args = get_model_spec(name).args_for(o.get("model.flavor", "tiny"))
     if name == "hyena":  # its plan declares no output head to chunk over
         return 0
-    if int(o.get("model.mtp_layers", 0)) > 0:  # the chunked loss has no MTP heads yet: auto means the plain loss
-        return 0
     pp = int(o.get("parallelism.pipeline_parallel_degree", 1))
     sequences = int(o.get("parallelism.pipeline_parallel_microbatch_size", 1) if pp > 1 else
                     o.get("training.local_batch_size", TINY_LOCAL_BATCH))  # fmt: skip

@@ -7,7 +7,8 @@ a layout that dropped the MTP loss, or its schedule, moves the gradients and the
 The MTP modules' MoE ledger (Decoder.mtp_routing) takes the loss weight of each micro-batch as the main one's
 (without, the reference weighs their aux loss twice: the routers' gradients were 50% off) and its biases move
 against the load summed over data ranks.
-Pipeline, context and tensor parallelism are refused with MTP for now (test_mtp_train.py).
+The chunked loss (llama_fsdp2_chunked_loss) computes every head's cross entropy chunk by chunk against the
+reference's plain loss. Pipeline, context and tensor parallelism are refused with MTP for now (test_mtp_train.py).
 """
 
 import functools
@@ -34,6 +35,7 @@ CASES = [
                                                 "selective"]),
     ("llama_ddp2", 2, 2, LLAMA, ["--parallelism.data_parallel_replicate_degree", "2",
                                  "--parallelism.data_parallel_shard_degree", "1"]),
+    ("llama_fsdp2_chunked_loss", 2, 2, LLAMA, ["--training.loss_chunk_tokens", "32"]),
     ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
                                        "--moe.bias_update_rate", "0.05"), []),

@@ -257,3 +257,55 @@ def test_weight_gradient_added_in_float32_by_one_matmul_where_torch_has_it():
             linear_cross_entropy_sum(hidden, weight, None, labels, chunk)
     accumulations = [op for op in recorded.ops if op is not torch.ops.aten.zeros.default]
     assert accumulations == [torch.ops.aten.addmm.dtype_out] * (tokens // chunk)
+
+
+class TwoHeadLM(TinyLM):
+    """TinyLM with a second pass through the same head (as multi-token prediction's depths), kept aside."""
+
+    def __init__(self):
+        super().__init__()
+        self.second_norm = nn.LayerNorm(DIM)
+        self.second: torch.Tensor | None = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.layers["0"](self.tok_embeddings(tokens))
+        self.second = self.output(self.second_norm(h))
+        return self.output(self.norm(h))
+
+
+class TwoHeadLoss:
+    """main + 0.5 x the second head's loss against labels rolled one further; `over_chunked_head` as HeadLoss
+    documents it for a loss of several heads."""
+
+    def __init__(self):
+        self.model: TwoHeadLM | None = None
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits, labels, cross_entropy)
+
+    def over_chunked_head(self, chunked_cross_entropy):
+        return lambda hidden, labels: self.loss(hidden, labels, chunked_cross_entropy)
+
+    def loss(self, output, labels, head_cross_entropy) -> torch.Tensor:
+        return head_cross_entropy(output, labels) + 0.5 * head_cross_entropy(self.model.second, labels.roll(-1, 1))
+
+
+@pytest.mark.parametrize("gradients", GRADIENTS)
+def test_a_loss_of_several_heads_is_chunked_head_by_head(gradients):
+    results = []
+    for chunk_tokens in (0, 96):
+        loss_fn = TwoHeadLoss()
+        layout = Layout(
+            ParallelDims(1, 1, 1, 1, 1, 1), 1, loss_chunk_tokens=chunk_tokens, loss_chunk_gradients=gradients
+        )
+        model = build_parallel_model(TwoHeadLM, Plan(), layout, torch.device("cpu"), loss_fn=loss_fn, seed=0)
+        loss_fn.model = model.whole_model
+        head_calls = []
+        model.whole_model.output.register_forward_hook(lambda *_, calls=head_calls: calls.append(1))
+        loss = model.forward_backward(*batch())
+        results.append((loss, {n: p.grad for n, p in model.whole_model.named_parameters()}, len(head_calls)))
+    (ref_loss, ref_grads, ref_calls), (loss, grads, calls) = results
+    assert (ref_calls, calls) == (2, 0)  # chunked: the head never runs, its cross entropies are the chunked ones
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -67,7 +67,8 @@ def test_first_step_loss_is_main_plus_lambda_times_mtp_by_hand(tmp_path, documen
 def test_main_and_mtp_losses_fall_and_lambda_switches_at_its_step(tmp_path):
     t = trainer(
         tmp_path, "--model.flavor", "debug", "--training.steps", "10", "--lr_scheduler.warmup_steps", "3",
-        "--metrics.log_freq", "1", "--optimizer.lr", "3e-3", "--training.mtp_loss_weight_after", "6", "--training.mtp_loss_weight_late", "0.1",
+        "--metrics.log_freq", "1", "--optimizer.lr", "3e-3", "--training.mtp_loss_weight_after", "6",
+        "--training.mtp_loss_weight_late", "0.1",
     )  # fmt: skip
     losses = t.train()
     rows = metrics(tmp_path)
@@ -88,12 +89,42 @@ def test_lambda_schedule():
     assert {never.weight_at(step) for step in (1, 10**6)} == {0.3}
 
 
-def test_mtp_layers_reach_the_model_args_and_auto_chunking_turns_off(tmp_path):
+def test_mtp_layers_reach_the_model_args_and_auto_chunking_stays_on(tmp_path):
     config = config_of(tmp_path, "--model.flavor", "debug", "--training.seq_len", "2048")
     assert model_args(config).mtp_layers == 1
-    assert resolve_layout(config, 1).loss_chunk_tokens == 0
     plain = config_of(tmp_path, "--model.flavor", "debug", "--training.seq_len", "2048", "--model.mtp_layers", "0")
-    assert resolve_layout(plain, 1).loss_chunk_tokens > 0  # what auto chooses without MTP
+    assert resolve_layout(config, 1).loss_chunk_tokens == resolve_layout(plain, 1).loss_chunk_tokens > 0
+
+
+@pytest.mark.parametrize("gradients", ["in_forward", "recompute"])
+def test_chunked_loss_computes_every_head_as_the_plain_loss(tmp_path, gradients):
+    """training.loss_chunk_tokens = 16 (8 chunks of a 128-token micro-batch) against the plain loss, same seed and
+    batch: total loss, main and depth losses (rel 1e-5) and every gradient (rel 1e-4, atol 1e-6) equal; the head
+    module is never called under chunking (its forward hook counts: 2 calls, main and depth 1, on the plain one)."""
+    torch.manual_seed(0)
+    inputs = torch.randint(1, 256, (2, 64))
+    labels = torch.roll(inputs, -1, dims=1)
+    results = []
+    for chunk in ("0", "16"):
+        t = trainer(
+            tmp_path, "--model.flavor", "tiny", "--training.local_batch_size", "2", "--training.loss_chunk_tokens",
+            chunk, "--training.loss_chunk_gradients", gradients, "--training.mtp_loss_weight", "0.5",
+        )  # fmt: skip
+        assert t.layout.loss_chunk_tokens == int(chunk)
+        head_calls = []
+        t.model.output.register_forward_hook(lambda *_, calls=head_calls: calls.append(1))
+        t.mtp_loss.take()
+        total = t.parallel_model.forward_backward(inputs, labels).item()
+        ((main, (depth,)),) = t.mtp_loss.take()
+        grads = {name: p.grad.clone() for name, p in t.model.named_parameters()}
+        results.append((total, main.item(), depth.item(), grads, len(head_calls)))
+    (total, main, depth, grads, calls), (c_total, c_main, c_depth, c_grads, c_calls) = results
+    assert (calls, c_calls) == (2, 0)
+    assert (c_total, c_main, c_depth) == pytest.approx((total, main, depth), rel=1e-5)
+    assert total == pytest.approx(main + 0.5 * depth, rel=1e-5)
+    assert grads.keys() == c_grads.keys() and any(name.startswith("mtp.") for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(c_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize(
@@ -105,8 +136,6 @@ def test_mtp_layers_reach_the_model_args_and_auto_chunking_turns_off(tmp_path):
          "model.mtp_layers=1 with parallelism.context_parallel_degree=2 is not wired yet"),
         (["--parallelism.tensor_parallel_degree", "2"], 2,
          "model.mtp_layers=1 with parallelism.tensor_parallel_degree=2 is not wired yet"),
-        (["--training.loss_chunk_tokens", "256"], 1,
-         "model.mtp_layers=1 with training.loss_chunk_tokens=256: the chunked loss does not compute"),
         (["--model.mtp_layers", "-1"], 1, "model.mtp_layers=-1 must be >= 0"),
         (["--model.name", "hyena", "--model.flavor", "tiny"], 1, "model 'hyena' has no multi-token prediction"),
     ],

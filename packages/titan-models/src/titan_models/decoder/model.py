@@ -6,6 +6,8 @@ Module names mirror TorchTitan's (and Meta's) so checkpoints and plans map by na
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -184,16 +186,17 @@ class Decoder(nn.Module):
         labels: torch.Tensor,
         positions: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
+        cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Each depth's cross entropy, the mean over its kept labels (mtp_targets: labels shifted k left, ignored
         where the shift leaves the row or the document), from forward(return_mtp=True)'s mtp_logits and the main
         loss's labels [bs, seqlen]. Give the positions / document_ids given to forward. The trainer weighs their
-        mean by lambda (the paper's MTP loss)."""
+        mean by lambda (the paper's MTP loss). cross_entropy(output, labels): the mean loss of one depth's output
+        (default: float32 cross entropy of logits); a chunked loss passes its own, the output then being the
+        hidden states the bypassed head received."""
         depths = mtp_targets(labels, labels, len(mtp_logits), self._document_ids(positions, document_ids))
-        return [
-            F.cross_entropy(logits.flatten(0, 1).float(), depth.labels.flatten(), ignore_index=IGNORE_INDEX)
-            for logits, depth in zip(mtp_logits, depths, strict=True)
-        ]
+        cross_entropy = cross_entropy or _logits_cross_entropy
+        return [cross_entropy(output, depth.labels) for output, depth in zip(mtp_logits, depths, strict=True)]
 
     # Kept for compatibility (before 0.16 the decoder carried its routing bookkeeping itself): thin delegations
     # to `routing`, the RoutingLedger, which is what a trainer should read.
@@ -222,3 +225,7 @@ class Decoder(nn.Module):
         """routing.update_expert_bias: auxiliary-loss-free balancing against the step's global load."""
         if self.routing is not None:
             self.routing.update_expert_bias(load)
+
+
+def _logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)

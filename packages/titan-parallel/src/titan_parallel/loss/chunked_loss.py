@@ -169,6 +169,12 @@ class HeadLoss:
     """The loss of a model's output, as the layout asks: `loss_fn(logits, labels)`, or with `chunk_tokens` > 0
     the chunked cross entropy of the head's input, the model having run inside `bypass()`.
 
+    A chunked loss replaces `loss_fn`, taken to be the plain cross entropy of the head's output. A loss of
+    several heads' outputs (multi-token prediction: the main head and each depth's pass through the same head)
+    says how it is computed over a chunked head by a method `over_chunked_head(cross_entropy) -> loss_fn`: the
+    returned function gets the model's output with the head bypassed (the hidden states wherever the head
+    was called) and computes each head's cross entropy as `cross_entropy(hidden, labels)`.
+
     The head is found after the model is parallelized (`attach`): under pipelining only the last stage
     holds it, and other stages never compute a loss.
     """
@@ -182,6 +188,8 @@ class HeadLoss:
         )  # fmt: skip
         self.head: nn.Module | None = None
         self._fsdp_owner: FSDPModule | None = None
+        over_chunked_head = getattr(loss_fn, "over_chunked_head", None)
+        self._chunked_loss_fn = over_chunked_head(self.cross_entropy) if over_chunked_head else self.cross_entropy
 
     def attach(self, parts: list[nn.Module]) -> None:
         if not self.chunk_tokens:
@@ -216,8 +224,12 @@ class HeadLoss:
             # Gathered again (a no-op where the forward left it so); FSDP's backward hooks reduce-scatter the
             # head's gradient and reshard it as after any forward.
             self._fsdp_owner.unshard()
+        return self._chunked_loss_fn(output, labels)
+
+    def cross_entropy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The chunked cross entropy of the head over `hidden`, the head's input (attached, chunking on)."""
         return chunked_cross_entropy(
-            output, self.head, labels, self.chunk_tokens, loss_parallel=self.loss_parallel, gradients=self.gradients
+            hidden, self.head, labels, self.chunk_tokens, loss_parallel=self.loss_parallel, gradients=self.gradients
         )
 
 

@@ -47,12 +47,6 @@ def _with_mtp(args, config: JobConfig):
                 f"model.mtp_layers={depths} with parallelism.{key}={getattr(p, key)} is not wired yet ({why}); "
                 f"train MTP on one process or with FSDP/HSDP/DDP (parallelism.{key} = 1), or set model.mtp_layers = 0"
             )
-    chunk = config.training.loss_chunk_tokens
-    if chunk != "auto" and chunk > 0:
-        raise ConfigError(
-            f"model.mtp_layers={depths} with training.loss_chunk_tokens={chunk}: the chunked loss does not compute "
-            'the MTP heads\' losses yet; set training.loss_chunk_tokens = 0 or "auto" (the plain loss with MTP)'
-        )
     return dataclasses.replace(args, mtp_layers=depths)
 
 

@@ -305,8 +305,6 @@ def _loss_chunk_tokens(config: JobConfig, args, plan) -> int:
     chunk = config.training.loss_chunk_tokens
     if chunk != "auto":
         return chunk
-    if getattr(args, "mtp_layers", 0) > 0:
-        return 0  # the chunked loss computes the main head's loss only (model_args.py refuses it asked for)
     vocab, dim = getattr(args, "vocab_size", None), getattr(args, "dim", None)
     if not plan.head_fqn or vocab is None or dim is None:
         return 0

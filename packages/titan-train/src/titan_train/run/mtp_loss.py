@@ -10,18 +10,28 @@ own hooks were registered first, so its post-forward hook has seen the whole out
 before ours strips it. The loss function then reads the kept logits with the same call's positions/document ids,
 so the MTP shift never crosses a document (Decoder.mtp_losses).
 
+Under a chunked loss (training.loss_chunk_tokens) the output head is bypassed: the main output and each depth's
+are the hidden states the head would have read, and every head's cross entropy is the chunked one over the head
+(titan-parallel's HeadLoss calls `over_chunked_head`), so no depth's logits exist whole either.
+
 The step's reported loss stays the main loss (comparable with validation and runs without MTP): `take()` hands
 the trainer each micro-batch's main and per-depth losses.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_train.config import JobConfig
 from titan_train.data.chat_dataset import IGNORE_INDEX
+from titan_train.config import JobConfig
+
+CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""The mean cross entropy of one head's output (logits, or the hidden states a bypassed head read) and labels."""
 
 
 class MTPLoss:
@@ -35,6 +45,10 @@ class MTPLoss:
         self._asked = False  # the forward running now was asked for the MTP logits by our pre-hook
         self._pending: tuple[list[torch.Tensor], dict] | None = None
         self._taken: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+
+    def over_chunked_head(self, cross_entropy: CrossEntropy) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """This loss with each head's cross entropy the chunked one (HeadLoss, the head bypassed)."""
+        return functools.partial(self.loss, cross_entropy=cross_entropy)
 
     def weight_at(self, step: int) -> float:
         """lambda at `step` (1-based): mtp_loss_weight up to mtp_loss_weight_after, then mtp_loss_weight_late."""
@@ -59,12 +73,16 @@ class MTPLoss:
         return logits
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        main = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return self.loss(logits, labels, _logits_cross_entropy)
+
+    def loss(self, output: torch.Tensor, labels: torch.Tensor, cross_entropy: CrossEntropy) -> torch.Tensor:
+        """main + lambda x mean of the depths' losses, each head's loss `cross_entropy(its output, labels)`."""
+        main = cross_entropy(output, labels)
         if self._pending is None:  # evaluation: the plain forward
             return main
         mtp_logits, kwargs = self._pending
         self._pending = None
-        depths = self._model.mtp_losses(mtp_logits, labels, **kwargs)
+        depths = self._model.mtp_losses(mtp_logits, labels, **kwargs, cross_entropy=cross_entropy)
         self._taken.append((main.detach(), [loss.detach() for loss in depths]))
         return main + self.weight * torch.stack(depths).mean()
 
@@ -72,3 +90,7 @@ class MTPLoss:
         """(main loss, [depth 1's loss, ..]) of each training micro-batch since the last call, unscaled."""
         taken, self._taken = self._taken, []
         return taken
+
+
+def _logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)

@@ -274,12 +274,10 @@ def _warnings(entry: dict, config: JobConfig, layout: Layout, capacity_gib: floa
     if entry["out_of_memory"]:
         found.append(f"the allocator model runs out of memory: {entry['out_of_memory']}")
     if entry["peak_phase"].endswith(("loss", "loss_backward")) and not layout.loss_chunk_tokens:
-        fix = (
-            "the chunked loss does not take model.mtp_layers yet: lower training.local_batch_size"
-            if config.model.mtp_layers > 0
-            else "chunk the loss with training.loss_chunk_tokens (see docs/memory.md)"
+        found.append(
+            f"the peak is in the {entry['peak_phase']} phase (the logits and their gradient): chunk the loss "
+            "with training.loss_chunk_tokens (see docs/memory.md)"
         )
-        found.append(f"the peak is in the {entry['peak_phase']} phase (the logits and their gradient): {fix}")
     backward = sum(n for phase, n in entry["bytes_by_phase_at_peak"].items() if phase.endswith("backward")) / GIB
     if config.parallelism.pipeline_parallel_degree > 1 and backward > 0.25 * entry["peak_active_gib"]:
         found.append(
