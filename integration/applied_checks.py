@@ -113,7 +113,7 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
         assert all(name.startswith("SimpleFSDP") for name in linear), f"{where}: linear classes {linear}"
 
     ep = int(o.get("parallelism.expert_parallel_degree", 1))
-    _assert_expert_parallel(part, ep, where)
+    _assert_expert_parallel(part, ep, where, mtp_layers=int(o.get("model.mtp_layers", 0)))
     if tp > 1:
         _assert_moe_tensor_parallel(part, where, ep)
     data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp", "edp_shard", "dp_shard_in_ep"}
@@ -183,13 +183,17 @@ def assert_expert_all_to_all(collectives_by_rank: list[dict], options: list[str]
         assert sizes == ([ep] if ep > 1 else []), f"rank {rank}: all-to-all on groups of {sizes}, ep {ep}: {seen}"
 
 
-def _assert_expert_parallel(part: dict, ep: int, where: str) -> None:
-    """Every sparse layer's experts split over `ep` ranks (none split without expert parallelism)."""
+def _assert_expert_parallel(part: dict, ep: int, where: str, mtp_layers: int = 0) -> None:
+    """Every sparse layer's experts split over `ep` ranks, and the multi-token prediction modules' (their block is
+    of the last layer's kind, sparse in the tiny MoE flavors); none split without expert parallelism."""
     if ep == 1:
         assert part["expert_parallel"] == {}, f"{where}: expert parallel {part['expert_parallel']}"
         return
     want = {f"{fqn}.feed_forward.experts": {"ep": ep, "experts": EXPERTS, "local_experts": EXPERTS // ep}
             for fqn in SPARSE_LAYERS if fqn in part["blocks"]}  # fmt: skip
+    if SPARSE_LAYERS[-1] in part["blocks"]:  # the part holding the last layer holds the MTP modules
+        want |= {f"mtp.{k}.block.feed_forward.experts": want[f"{SPARSE_LAYERS[-1]}.feed_forward.experts"]
+                 for k in range(1, mtp_layers + 1)}  # fmt: skip
     assert part["expert_parallel"] == want, f"{where}: expert parallel {part['expert_parallel']}"
 
 

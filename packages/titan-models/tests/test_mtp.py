@@ -216,6 +216,18 @@ def test_a_sparse_last_block_gives_sparse_mtp_blocks():
     assert isinstance(model.layers["3"].feed_forward, MoE) and isinstance(model.mtp["1"].block.feed_forward, MoE)
 
 
+def test_the_plan_names_the_mtp_modules_experts_for_expert_parallelism():
+    from titan_models.decoder.plan import decoder_plan
+
+    args = DEEPSEEK_V3["tiny"]
+    assert decoder_plan(args).expert_fqns == ["layers.*.feed_forward.experts"]
+    with_mtp = decoder_plan(dataclasses.replace(args, mtp_layers=2)).expert_fqns
+    assert with_mtp == ["layers.*.feed_forward.experts", "mtp.*.block.feed_forward.experts"]
+    model = build("deepseek_v3", mtp_layers=2)
+    assert {f"mtp.{k}.block.feed_forward.experts" for k in (1, 2)} <= {name for name, _ in model.named_modules()}
+    assert decoder_plan(dataclasses.replace(LLAMA3["tiny"], mtp_layers=1)).expert_fqns == []
+
+
 # --- parameter counts and FLOPs -------------------------------------------------------------------------------
 
 

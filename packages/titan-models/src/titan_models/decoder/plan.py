@@ -126,8 +126,16 @@ def decoder_plan(args: DecoderArgs) -> ModelPlan:
         head_fqn="output",
         tp_plan=partial(decoder_tp_plan, args),
         attention_fqns=["layers.*.attention.inner_attention"],
-        # Sparse layers only: dense ones have no routed experts.
-        expert_fqns=["layers.*.feed_forward.experts"] if args.moe is not None else [],
+        expert_fqns=_expert_fqns(args),
         document_masking=True,
         tp_divisible=divisible,
     )
+
+
+def _expert_fqns(args: DecoderArgs) -> list[str]:
+    """The routed experts: sparse layers' (dense ones have none), and the multi-token prediction modules' where their
+    block is sparse (the kind of the last layer)."""
+    if args.moe is None:
+        return []
+    mtp = ["mtp.*.block.feed_forward.experts"] if args.mtp_layers and args.is_sparse(args.n_layers - 1) else []
+    return ["layers.*.feed_forward.experts", *mtp]

@@ -37,21 +37,29 @@ def apply_fsdp(
     replicated across groups. Gradients are reduced in `reduce_dtype` and averaged over the mesh.
 
     `experts`: expert-parallel modules (apply_ep), each its own unit over `expert_mesh` (the data ranks
-    that hold the same experts), inside its block. Their gradients already sum the rows of the whole
+    that hold the same experts), inside its block (or, outside every block, e.g. a multi-token prediction
+    module's, before the root). Their gradients already sum the rows of the whole
     expert-parallel group, so they are divided by `expert_divide_factor` (every data rank: what the dense
     gradients are averaged over) rather than by the expert mesh's size.
     """
     reshard = _reshard_after_forward(reshard_after_forward, pp_enabled)
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+    def shard_experts(modules, reshard_after_forward: bool) -> None:
+        for module in modules:
+            fully_shard(module, mesh=expert_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+            module.set_gradient_divide_factor(float(expert_divide_factor))
+
+    outside = {id(e): e for e in experts}
     for i, fqn in enumerate(block_fqns):
         # The last block's parameters are needed again right at the start of backward.
         block_reshard = reshard and i < len(block_fqns) - 1
         block = model.get_submodule(fqn)
         inside = {id(m) for m in block.modules()}
-        for module in (e for e in experts if id(e) in inside):
-            fully_shard(module, mesh=expert_mesh, mp_policy=mp_policy, reshard_after_forward=block_reshard)
-            module.set_gradient_divide_factor(float(expert_divide_factor))
+        shard_experts([e for e in experts if id(e) in inside], block_reshard)
+        outside = {key: e for key, e in outside.items() if key not in inside}
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=block_reshard)
+    shard_experts(outside.values(), reshard)  # their parameters live on the expert mesh, not the root's
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     if _is_gloo(mesh):
         # gloo has no PREMUL_SUM/AVG (what FSDP uses to average): reduce with SUM and divide instead,

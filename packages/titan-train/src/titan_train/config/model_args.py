@@ -39,7 +39,6 @@ def _with_mtp(args, config: JobConfig):
         "pipeline_parallel_degree": "the MTP modules need the embedding on the last stage",
         "context_parallel_degree": "the shifted token of a rank's last positions lives on the next rank",
         "tensor_parallel_degree": "the MTP modules have no tensor-parallel plan yet",
-        "expert_parallel_degree": "the MTP modules' experts are not dispatched over expert ranks yet",
     }
     for key, why in refused.items():
         if getattr(p, key) > 1:
