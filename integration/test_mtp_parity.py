@@ -8,8 +8,9 @@ The MTP modules' MoE ledger (Decoder.mtp_routing) takes the loss weight of each 
 (without, the reference weighs their aux loss twice: the routers' gradients were 50% off) and its biases move
 against the load summed over data ranks.
 The chunked loss (llama_fsdp2_chunked_loss) computes every head's cross entropy chunk by chunk against the
-reference's plain loss. Expert parallelism dispatches the MTP modules' experts too (deepseek_fsdp2_ep2). Pipeline, context and
-tensor parallelism are refused with MTP for now (test_mtp_train.py).
+reference's plain loss. Expert parallelism dispatches the MTP modules' experts too (deepseek_fsdp2_ep2); tensor
+parallelism (with loss parallel) splits the MTP modules as it splits the blocks (llama_tp2_loss_parallel,
+deepseek_fsdp2_tp2). Pipeline and context parallelism are refused with MTP for now (test_mtp_train.py).
 """
 
 import functools
@@ -37,6 +38,8 @@ CASES = [
     ("llama_ddp2", 2, 2, LLAMA, ["--parallelism.data_parallel_replicate_degree", "2",
                                  "--parallelism.data_parallel_shard_degree", "1"]),
     ("llama_fsdp2_chunked_loss", 2, 2, LLAMA, ["--training.loss_chunk_tokens", "32"]),
+    ("llama_tp2_loss_parallel", 2, 1, LLAMA, ["--parallelism.tensor_parallel_degree", "2"]),
+    ("deepseek_fsdp2_tp2", 4, 2, DEEPSEEK, ["--parallelism.tensor_parallel_degree", "2"]),
     ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
     ("deepseek_fsdp2_ep2", 2, 2, DEEPSEEK, ["--parallelism.expert_parallel_degree", "2"]),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",

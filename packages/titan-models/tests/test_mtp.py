@@ -304,3 +304,18 @@ def test_the_mtp_blocks_auxiliary_loss_reaches_their_routers():
     (0 * mtp_logits[0].sum()).backward()
     gate = model.mtp["1"].block.feed_forward.router.gate.weight.grad
     assert gate is not None and gate.abs().sum() > 0
+
+
+def test_the_tensor_parallel_plan_splits_the_mtp_modules_as_a_block_of_the_last_kind():
+    from titan_models.decoder.plan import decoder_tp_plan
+    from titan_models.tp_styles import ExpertsHiddenShard
+
+    assert not any(key.startswith("mtp.") for key in decoder_tp_plan(DEEPSEEK_V3["tiny"]))
+    args = dataclasses.replace(DEEPSEEK_V3["tiny"], mtp_layers=1)
+    plan = decoder_tp_plan(args)
+    mtp = {key for key in plan if key.startswith("mtp.")}
+    block = {key.replace("layers.*.", "mtp.*.block.") for key in plan if key.startswith("layers.*.")}
+    assert block <= mtp
+    assert {"mtp.*.enorm", "mtp.*.hnorm", "mtp.*.shared_head.norm", "mtp.*.eh_proj"} <= mtp
+    last = plan[f"layers.{args.n_layers - 1}.feed_forward"]
+    assert isinstance(last, ExpertsHiddenShard) and plan["mtp.*.block.feed_forward"] is last

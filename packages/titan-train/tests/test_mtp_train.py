@@ -134,8 +134,6 @@ def test_chunked_loss_computes_every_head_as_the_plain_loss(tmp_path, gradients)
          "model.mtp_layers=1 with parallelism.pipeline_parallel_degree=2 is not wired yet"),
         (["--parallelism.context_parallel_degree", "2"], 2,
          "model.mtp_layers=1 with parallelism.context_parallel_degree=2 is not wired yet"),
-        (["--parallelism.tensor_parallel_degree", "2"], 2,
-         "model.mtp_layers=1 with parallelism.tensor_parallel_degree=2 is not wired yet"),
         (["--model.mtp_layers", "-1"], 1, "model.mtp_layers=-1 must be >= 0"),
         (["--model.name", "hyena", "--model.flavor", "tiny"], 1, "model 'hyena' has no multi-token prediction"),
     ],

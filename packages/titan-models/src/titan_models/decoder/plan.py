@@ -50,7 +50,8 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
     - q_norm / k_norm (qk_norm: one weight shared by all heads) see this rank's heads: sequence-parallel over
       the heads dim (2 of [bs, seqlen, heads, head_dim]), their weight replicated, its gradient summed;
     - multi-head latent attention's entries instead of grouped-query attention's (mla_tp_plan);
-    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan)."""
+    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan);
+    - with multi-token prediction, the MTP modules' entries (mtp_tp_plan)."""
     from torch.distributed.tensor.parallel import SequenceParallel
 
     plan = grouped_query_tp_plan(loss_parallel)
@@ -59,7 +60,30 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
     elif args.qk_norm:
         for norm in ("q_norm", "k_norm"):
             plan[f"layers.*.attention.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-    return sparse_feed_forward_plan(plan, args)
+    return mtp_tp_plan(sparse_feed_forward_plan(plan, args), args)
+
+
+def mtp_tp_plan(plan: dict, args: DecoderArgs) -> dict:
+    """`plan` with the multi-token prediction modules' entries (decoder/mtp.py), where args.mtp_layers > 0:
+    - enorm, hnorm and shared_head.norm run sequence-parallel, like the final norm: their inputs (the previous
+      depth's hidden states, the embedding of the shifted tokens) arrive sequence-sharded as every block's do;
+    - eh_proj is column-wise over [enorm(emb); hnorm(h)] (gathering the sequence) and hands its output back
+      sequence-sharded (Shard(1)), the layout the block expects;
+    - the block takes the entries of a block of its kind (the last layer's): "layers.*.X" and
+      "layers.<last>.X" as "mtp.*.block.X".
+    The shared head keeps its own entry: every depth's logits are vocab-sharded as the main ones."""
+    if not args.mtp_layers:
+        return plan
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
+
+    mtp = {f"mtp.*.{norm}": SequenceParallel() for norm in ("enorm", "hnorm", "shared_head.norm")}
+    mtp["mtp.*.eh_proj"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(1))
+    for prefix in ("layers.*.", f"layers.{args.n_layers - 1}."):
+        mtp.update(
+            {"mtp.*.block." + key[len(prefix) :]: style for key, style in plan.items() if key.startswith(prefix)}
+        )
+    return {**plan, **mtp}
 
 
 def mla_tp_plan(plan: dict, mla: MLAArgs) -> dict:

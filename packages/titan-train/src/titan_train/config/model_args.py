@@ -38,7 +38,6 @@ def _with_mtp(args, config: JobConfig):
     refused = {
         "pipeline_parallel_degree": "the MTP modules need the embedding on the last stage",
         "context_parallel_degree": "the shifted token of a rank's last positions lives on the next rank",
-        "tensor_parallel_degree": "the MTP modules have no tensor-parallel plan yet",
     }
     for key, why in refused.items():
         if getattr(p, key) > 1:
