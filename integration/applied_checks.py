@@ -98,6 +98,9 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
     assert (part["fsdp_root"] is not None) == fsdp2, f"{where}: fsdp root {part['fsdp_root']}"
     assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
     expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
+    mtp_layers = int(o.get("model.mtp_layers", 0))
+    if cp > 1 and mtp_layers:  # the multi-token prediction modules' blocks attend over the sequence too
+        expected_ring += [f"mtp.{k}.block.attention.inner_attention" for k in range(1, mtp_layers + 1)]
     assert part["ring_attention"] == expected_ring, f"{where}: ring attention in {part['ring_attention']}"
     chunk = _expected_loss_chunk(o, tp=tp, cp=cp)
     # Without a pipeline the one part holds the head (under tied embeddings its weight is listed as the

@@ -34,6 +34,21 @@ def ours_from(folder):
     return name, model
 
 
+def save_deepseek_v3_folder(config, folder: Path) -> None:
+    """A random transformers DeepSeek-V3 of `config` saved to `folder`, its norms and selection biases
+    (e_score_correction_bias) moved off their initial values, so a mix-up shows."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.uniform_(-0.05, 0.05)
+    model.save_pretrained(folder)
+
+
 def hf_model(folder) -> torch.nn.Module:
     """The folder as transformers loads it (its config.json's architecture), in float32, for evaluation."""
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

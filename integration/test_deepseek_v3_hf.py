@@ -22,6 +22,7 @@ from hf_checks import (
     first_batch_loss_by_transformers,
     hf_model,
     ours_from,
+    save_deepseek_v3_folder,
     tokens,
 )
 from launch_helpers import ROOT, _env
@@ -48,17 +49,8 @@ CASES = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def hf_folder(request, tmp_path_factory):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CASES[request.param]())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.uniform_(-0.05, 0.05)
     folder = tmp_path_factory.mktemp(request.param) / "hf"
-    model.save_pretrained(folder)
+    save_deepseek_v3_folder(CASES[request.param](), folder)
     return request.param, folder
 
 

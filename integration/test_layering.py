@@ -8,8 +8,7 @@ titan_parallel: model (the apply order) -> one folder per parallelism -> mesh, p
 do not import each other, except where one's rule is about another: AC saves ring attention's outputs and auto
 AC traces the loss head; SimpleFSDP refuses compiled whole-block checkpoints (ac's rule).
 titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3; hyena) and generate -> decoder
--> moe; the mla package re-exports the decoder's; plan, tp_styles and seeded_init are shared modules any room
-may read, which import no room.
+-> moe; plan, tp_styles and seeded_init are shared modules any room may read, which import no room.
 """
 
 import importlib
@@ -36,11 +35,10 @@ ALLOWED = {
         "registry": {"llama3", "qwen3", "qwen3_moe", "deepseek_v3", "hyena", "decoder", "plan"},
         "generate": {"decoder", "hyena"},
         "llama3": {"decoder", "moe", "plan", "tp_styles"},
-        # qwen3 re-exports Qwen3-MoE's names it held before qwen3_moe existed.
+        # qwen3's config.json reading and writing hands Qwen3-MoE's to qwen3_moe, as before qwen3_moe existed.
         "qwen3": {"qwen3_moe", "decoder", "moe", "plan", "tp_styles"},
         "qwen3_moe": {"decoder", "moe", "plan", "tp_styles"},
         "deepseek_v3": {"decoder", "moe", "plan", "tp_styles"},
-        "mla": {"decoder"},
         "hyena": {"decoder", "plan", "tp_styles", "seeded_init"},
         "decoder": {"moe", "plan", "tp_styles", "seeded_init"},
         "moe": {"seeded_init"},

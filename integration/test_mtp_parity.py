@@ -40,6 +40,11 @@ CASES = [
     ("llama_fsdp2_chunked_loss", 2, 2, LLAMA, ["--training.loss_chunk_tokens", "32"]),
     ("llama_tp2_loss_parallel", 2, 1, LLAMA, ["--parallelism.tensor_parallel_degree", "2"]),
     ("deepseek_fsdp2_tp2", 4, 2, DEEPSEEK, ["--parallelism.tensor_parallel_degree", "2"]),
+    ("llama_cp2", 2, 1, LLAMA, ["--parallelism.context_parallel_degree", "2"]),
+    # aux_loss_free: under CP the auxiliary losses see each rank's part of the sequences (docs/moe.md).
+    ("deepseek_cp2_documents_aux_free", 2, 1, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
+                                               "--moe.bias_update_rate", "0.05"),
+     ["--parallelism.context_parallel_degree", "2"]),
     ("deepseek_fsdp2", 2, 2, DEEPSEEK, []),
     ("deepseek_fsdp2_ep2", 2, 2, DEEPSEEK, ["--parallelism.expert_parallel_degree", "2"]),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",

@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_models import Llama3Args, get_model_spec
-from titan_models.llama3.model import Llama3
-from titan_models.llama3.plan import llama3_plan
+from titan_models.llama3 import Llama3, llama3_plan
 from titan_parallel import Layout, ParallelDims, build_parallel_model
 from titan_parallel.ac.ac_budget import GIB, StepTrace
 from titan_parallel.ac.live_bytes import LiveBytes

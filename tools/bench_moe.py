@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_models import get_model_spec
-from titan_models.llama3.flops import count_params
+from titan_models.decoder.flops import count_params
 from titan_models.moe import grouped_mm, grouped_mm_loop
 
 

@@ -319,3 +319,18 @@ def test_the_tensor_parallel_plan_splits_the_mtp_modules_as_a_block_of_the_last_
     assert {"mtp.*.enorm", "mtp.*.hnorm", "mtp.*.shared_head.norm", "mtp.*.eh_proj"} <= mtp
     last = plan[f"layers.{args.n_layers - 1}.feed_forward"]
     assert isinstance(last, ExpertsHiddenShard) and plan["mtp.*.block.feed_forward"] is last
+
+
+def test_given_mtp_inputs_are_the_depths_inputs():
+    """A caller that shifts the whole sequence (context parallelism) passes the depths' input tokens: the same
+    tokens give the same logits, other tokens other logits (they really are read)."""
+    model = build("llama3", mtp_layers=2)
+    tokens = torch.randint(1, model.args.vocab_size, (2, 12))
+    depths = mtp_targets(tokens, tokens, 2, DOCS)
+    given = torch.stack([depth.inputs for depth in depths], dim=-1)
+    _, computed = model(tokens, document_ids=DOCS, return_mtp=True)
+    _, from_given = model(tokens, document_ids=DOCS, return_mtp=True, mtp_inputs=given)
+    for got, want in zip(from_given, computed, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    _, other = model(tokens, document_ids=DOCS, return_mtp=True, mtp_inputs=given.roll(1, dims=1))
+    assert not torch.allclose(other[0], computed[0])

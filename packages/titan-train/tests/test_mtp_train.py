@@ -84,8 +84,8 @@ def test_lambda_schedule():
     from titan_train.run.mtp_loss import MTPLoss
 
     config = load_config(parse_argv(["--training.mtp_loss_weight_after", "3", "--training.mtp_loss_weight", "0.5"]))
-    assert [MTPLoss(config).weight_at(step) for step in range(1, 6)] == [0.5, 0.5, 0.5, 0.1, 0.1]
-    never = MTPLoss(load_config(parse_argv([])))
+    assert [MTPLoss(config, 1).weight_at(step) for step in range(1, 6)] == [0.5, 0.5, 0.5, 0.1, 0.1]
+    never = MTPLoss(load_config(parse_argv([])), 1)
     assert {never.weight_at(step) for step in (1, 10**6)} == {0.3}
 
 
@@ -132,8 +132,6 @@ def test_chunked_loss_computes_every_head_as_the_plain_loss(tmp_path, gradients)
     [
         (["--parallelism.pipeline_parallel_degree", "2"], 2,
          "model.mtp_layers=1 with parallelism.pipeline_parallel_degree=2 is not wired yet"),
-        (["--parallelism.context_parallel_degree", "2"], 2,
-         "model.mtp_layers=1 with parallelism.context_parallel_degree=2 is not wired yet"),
         (["--model.mtp_layers", "-1"], 1, "model.mtp_layers=-1 must be >= 0"),
         (["--model.name", "hyena", "--model.flavor", "tiny"], 1, "model 'hyena' has no multi-token prediction"),
     ],

@@ -8,11 +8,14 @@ An adapter is any object with
 and optionally hf_keys() -> list[str] (every tensor a complete HF checkpoint holds), aliases() -> {our FQN:
 the FQN whose tensor it shares} (tied embeddings: HF stores the tensor once), stacked_hf_keys(fqn) ->
 list[str] | None (the HF tensors, one per slice, that stack on a new first dimension into ours: a mixture of
-experts' 3-D weights; to_hf_tensor / from_hf_tensor then convert one slice) and args_dict() (its model
-args as plain data). The class registered under the entry point also provides from_args_dict(dict) (args
+experts' 3-D weights; to_hf_tensor / from_hf_tensor then convert one slice), args_dict() (its model
+args as plain data), hf_copies() -> {HF key: the HF key whose tensor it repeats} (written by an export
+beside their source: DeepSeek-V3's MTP layer keeps copies of the embedding and head) and skips_hf_key(hf_key)
+-> bool (tensors a folder may hold that an import leaves unread: those copies, a folder's MTP layers past
+the model's). The class registered under the entry point also provides from_args_dict(dict) (args
 stored in a checkpoint), from_hf_config(dict) (an HF config.json), `architectures` (the config.json
 architectures it reads) and optionally from_fingerprint(dict) (an older checkpoint's fingerprint, whose
-args leave out max_seq_len).
+args leave out max_seq_len) and from_hf_folder(folder) (a folder: its config.json as the weights confirm it).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from titan_checkpoint.errors import CheckpointMismatchError
 
 GROUP = "titan.hf_adapters"
 # config.json keys that describe the file or how it is trained, not the model: two configs differing only
-# here are one model (a run may weigh the auxiliary loss its own way: moe.aux_loss_coef).
+# here are one model (a run may weigh the auxiliary loss its own way: moe.aux_loss_coef). The multi-token
+# prediction layers come after the model: one with none loads a folder's main model (the adapter skips the rest),
+# one with them finds them missing by name, and transformers declares 1 in every DeepSeek-V3 folder it saves.
 _NOT_SHAPE = ("dtype", "torch_dtype", "max_position_embeddings", "bos_token_id", "eos_token_id", "transformers_version",
-              "router_aux_loss_coef")  # fmt: skip
+              "router_aux_loss_coef", "num_nextn_predict_layers")  # fmt: skip
 
 
 def _entry_points() -> dict[str, Callable[[], Any]]:
@@ -93,7 +98,7 @@ def adapter_from_hf_folder(folder: str | os.PathLike) -> tuple[str, Any]:
     for name, load in sorted(available.items()):
         cls = load()
         if set(architectures) & set(getattr(cls, "architectures", ())):
-            return name, cls.from_hf_config(config)
+            return name, cls.from_hf_folder(folder) if hasattr(cls, "from_hf_folder") else cls.from_hf_config(config)
     readable = {name: list(getattr(load(), "architectures", ())) for name, load in available.items()}
     raise ValueError(
         f"{folder}/config.json: architectures={architectures} has no Hugging Face adapter; "

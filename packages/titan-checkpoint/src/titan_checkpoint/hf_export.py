@@ -31,6 +31,7 @@ from titan_checkpoint.folder import checkpoint_location, read_meta
 from titan_checkpoint.hf_import import INDEX_FILE
 from titan_checkpoint.hf_tokenizer import ExportedTokenizer
 from titan_checkpoint.location import Location, as_location
+from titan_checkpoint.model_tensors import Entry, model_tensors
 from titan_checkpoint.progress import ByteProgress
 from titan_checkpoint.storage import (
     SafeFileSystemReader,
@@ -77,21 +78,6 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
     return value
 
 
-Entry = tuple[str, str, TensorStorageMetadata]
-"""(our FQN, DCP key, storage metadata) of one model tensor."""
-
-
-def model_tensors(metadata: Any) -> list[Entry]:
-    """(our FQN, DCP key, storage metadata) of every model tensor of a checkpoint, in saved order."""
-    paths = metadata.planner_data or {}
-    entries = []
-    for key, info in metadata.state_dict_metadata.items():
-        path = paths.get(key, tuple(key.split(".", 1)))
-        if isinstance(info, TensorStorageMetadata) and len(path) == 2 and path[0] == "model":
-            entries.append((path[1], key, info))
-    return entries
-
-
 def _read_tensor(
     reader: SafeFileSystemReader | SafeFsspecReader, key: str, info: TensorStorageMetadata
 ) -> torch.Tensor:
@@ -100,12 +86,13 @@ def _read_tensor(
     return tensor
 
 
-def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int) -> list[list[int]]:
-    """Entry indices per shard, from shapes alone, so every file name knows the total count."""
+def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int, repeats: list[int]) -> list[list[int]]:
+    """Entry indices per shard, from shapes alone, so every file name knows the total count. repeats: how many
+    times each entry is written (1 + its copies)."""
     shards: list[list[int]] = [[]]
     shard_bytes = 0
     for i, (_, _, info) in enumerate(entries):
-        nbytes = info.size.numel() * itemsize
+        nbytes = info.size.numel() * itemsize * repeats[i]
         if shards[-1] and shard_bytes + nbytes > max_bytes:
             shards.append([])
             shard_bytes = 0
@@ -182,9 +169,16 @@ def _export(
         if missing:
             raise CheckpointMismatchError(f"{checkpoint} lacks {len(missing)} model tensor(s), e.g. {missing[:3]}")
 
+    # Tensors some readers expect under a second name too (the adapter's hf_copies(): DeepSeek-V3's MTP layer's
+    # embedding and head), written beside their source in the same file.
+    copies_of: dict[str, list[str]] = {}
+    for copy_key, source in (adapter.hf_copies() if hasattr(adapter, "hf_copies") else {}).items():
+        copies_of.setdefault(source, []).append(copy_key)
+    repeats = [1 + sum(len(copies_of.get(key, [])) for key in keys) for keys in hf_keys]
     itemsize = torch.empty((), dtype=dtype).element_size()
-    shards = _shard_plan(entries, itemsize, max_bytes)
-    progress = ByteProgress(sum(info.size.numel() for _, _, info in entries) * itemsize, f"exporting to {out}")
+    shards = _shard_plan(entries, itemsize, max_bytes, repeats)
+    total_bytes = sum(info.size.numel() * n for (_, _, info), n in zip(entries, repeats, strict=True)) * itemsize
+    progress = ByteProgress(total_bytes, f"exporting to {out}")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -199,10 +193,13 @@ def _export(
             # A stacked tensor (e.g. experts [E, ...]) is one Hugging Face tensor per slice.
             pieces = list(ours) if is_stacked(adapter, fqn) else [ours]
             for hf_key, piece in zip(hf_keys[i], pieces, strict=True):
-                tensors[hf_key] = adapter.to_hf_tensor(fqn, piece).to(dtype).contiguous()
-                weight_map[hf_key] = name
-                total += tensors[hf_key].numel() * itemsize
-                progress.add(tensors[hf_key].numel() * itemsize)
+                tensor = adapter.to_hf_tensor(fqn, piece).to(dtype).contiguous()
+                # safetensors refuses tensors sharing memory: each copy is its own.
+                for key in (hf_key, *copies_of.get(hf_key, [])):
+                    tensors[key] = tensor if key == hf_key else tensor.clone()
+                    weight_map[key] = name
+                    total += tensor.numel() * itemsize
+                    progress.add(tensor.numel() * itemsize)
         save_file(tensors, str(tmp / name), metadata={"format": "pt"})
         del tensors
     if len(shards) > 1:

@@ -109,6 +109,11 @@ def load_hf_safetensors(
     a pipeline stage's); the others are skipped without being read.
     """
     files = hf_weight_files(folder)
+    if hasattr(adapter, "skips_hf_key"):
+        skipped = sorted(key for key in files if adapter.skips_hf_key(key))
+        if skipped:
+            logger.info(f"checkpoint: {folder}: {len(skipped)} tensor(s) the model does not read, e.g. {skipped[0]}")
+        files = {key: file for key, file in files.items() if not adapter.skips_hf_key(key)}
     aliases = adapter.aliases() if hasattr(adapter, "aliases") else {}
     # A tied folder may store the shared tensor under both names; ours reads it once, under its own.
     files = {key: file for key, file in files.items() if not _is_alias_key(adapter, key, aliases)}

@@ -16,14 +16,14 @@ Generation (the decoder with a KV cache, Hyena with exact online long convolutio
     new_tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, strategy="flash")
 """
 
-from titan_models import decoder, deepseek_v3, hyena, llama3, mla, moe, qwen3, qwen3_moe
+from titan_models import decoder, deepseek_v3, hyena, llama3, moe, qwen3, qwen3_moe
 from titan_models.decoder import Decoder, DecoderArgs
 from titan_models.hyena import HyenaArgs, HyenaLM
 from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling, YarnScaling
 from titan_models.plan import ModelPlan
 from titan_models.registry import ModelSpec, get_model_spec, list_models, register_model
 
-__version__ = "0.17.1"
+__version__ = "0.18.0"
 
 __all__ = [
     "Decoder",
@@ -43,7 +43,6 @@ __all__ = [
     "hyena",
     "list_models",
     "llama3",
-    "mla",
     "moe",
     "qwen3",
     "qwen3_moe",

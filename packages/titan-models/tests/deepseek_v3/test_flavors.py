@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from titan_models import get_model_spec
-from titan_models.llama3.flops import count_params
+from titan_models.decoder.flops import count_params
 
 # flavor: (total in billions, [low, high) of the activated count in billions)
 PUBLISHED = {"671B": (671.0, (36.5, 37.5)), "16B": (15.7, (2.35, 2.5))}

@@ -4,9 +4,9 @@ import math
 
 import torch
 
+from titan_models.decoder.attention import Attention
+from titan_models.decoder.rope import apply_rotary_emb, precompute_freqs_cis
 from titan_models.llama3 import FLAVORS
-from titan_models.llama3.model import Attention
-from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
 
 
 def test_future_tokens_do_not_change_past_logits(tiny_model):

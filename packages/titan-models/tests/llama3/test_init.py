@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from titan_models.llama3.rope import precompute_freqs_cis
+from titan_models.decoder.rope import precompute_freqs_cis
 
 # A normal truncated at +-3 std has std 0.9866 * std.
 TRUNC3 = 0.9866

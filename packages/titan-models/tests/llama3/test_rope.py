@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from titan_models.decoder.rope import apply_rotary_emb, precompute_freqs_cis
 from titan_models.llama3 import RopeScaling
-from titan_models.llama3.rope import apply_rotary_emb, precompute_freqs_cis
 
 
 def reference_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> list[float]:

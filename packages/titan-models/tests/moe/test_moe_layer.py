@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from titan_models.decoder.feed_forward import FeedForward
 from titan_models.llama3 import Llama3, Llama3Args
-from titan_models.llama3.model import FeedForward
 from titan_models.moe import MoE, MoEArgs, switch_aux_loss
 
 DIM = 16

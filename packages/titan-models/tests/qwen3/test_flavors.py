@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from titan_models import get_model_spec
-from titan_models.llama3.flops import count_params
+from titan_models.decoder.flops import count_params
 
 # (total parameters, non-embedding or activated parameters), in billions, as the cards print them.
 PUBLISHED = {

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from titan_models import get_model_spec
-from titan_models.qwen3 import Qwen3HFAdapter, Qwen3MoeHFAdapter
+from titan_models.qwen3 import Qwen3HFAdapter
+from titan_models.qwen3_moe import Qwen3MoeHFAdapter
 
 
 def random_state(name, flavor):

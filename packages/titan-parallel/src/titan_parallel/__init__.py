@@ -22,6 +22,9 @@
   whatever the placements), AdamW on the groups with `use_muon=False`.
 - Pipeline parallel: `plan_pipeline` -> `PipelinePlan` (every check, no process group; `SCHEDULES`), then
   `build_pipeline` -> `Pipeline.step`.
+- The loss (`Layout(loss_chunk_tokens=)`: `check_loss_chunking`, `auto_loss_chunk_tokens`): labels equal to
+  `IGNORE_INDEX` (-100, F.cross_entropy's default) add nothing to it, so a trainer's data marks the tokens it does
+  not learn with that value.
 """
 
 from titan_parallel.ac.activation_checkpoint import apply_ac, check_ac_options, compiled_block_ac_refusal
@@ -38,6 +41,7 @@ from titan_parallel.fsdp.simple_fsdp import MODES as SIMPLE_FSDP_MODES
 from titan_parallel.fsdp.simple_fsdp import apply_simple_fsdp
 from titan_parallel.fsdp.simple_fsdp_overlap import OVERLAP_MODES, enable_overlap
 from titan_parallel.loss.chunked_loss import auto_loss_chunk_tokens, check_loss_chunking
+from titan_parallel.loss.gradients_in_forward import IGNORE_INDEX
 from titan_parallel.mesh.device import device_module, device_type, distributed_backend
 from titan_parallel.mesh.parallel_dims import ParallelDims
 from titan_parallel.model.applied_layout import describe_applied, format_applied
@@ -70,7 +74,7 @@ from titan_parallel.tp.moe_parallel import MoETensorParallel
 from titan_parallel.tp.shared_input import SharedInputParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.25.0"
+__version__ = "0.26.0"
 
 __all__ = [
     "ACGranularity",
@@ -85,6 +89,7 @@ __all__ = [
     "ChannelParallel",
     "ContextParallel",
     "DataParallel",
+    "IGNORE_INDEX",
     "Layout",
     "ModelConverter",
     "Muon",

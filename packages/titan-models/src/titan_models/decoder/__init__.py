@@ -10,7 +10,7 @@ from titan_models.decoder.flops import count_params, flops_per_token, num_params
 from titan_models.decoder.hf import DecoderHFAdapter
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.decoder.model import Decoder
-from titan_models.decoder.mtp import MTPDepth, MTPModule, mtp_targets
+from titan_models.decoder.mtp import MTPDepth, MTPModule, mtp_targets, shift_document_ids
 from titan_models.decoder.plan import decoder_plan, decoder_tp_plan
 from titan_models.decoder.rope import RopeScaling, YarnScaling
 
@@ -30,5 +30,6 @@ __all__ = [
     "decoder_tp_plan",
     "flops_per_token",
     "mtp_targets",
+    "shift_document_ids",
     "num_params",
 ]

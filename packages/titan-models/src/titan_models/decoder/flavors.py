@@ -1,6 +1,7 @@
 """A family's table of named decoder sizes. Besides the names, `hf:<folder>` is the shape a Hugging Face
 folder's config.json describes, so `--model.flavor hf:Llama-3.2-1B` fine-tunes a downloaded model with no
-flavor to match.
+flavor to match; its multi-token prediction layers are those the config declares and the weights hold
+(hf_folder.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.hf_folder import with_mtp_layers_held
 
 HF_PREFIX = "hf:"
 
@@ -40,6 +42,7 @@ class Flavors(dict):
         if file is None:
             raise KeyError(flavor)
         try:
-            return self.read_config(json.loads(file.read_text()))
+            args = self.read_config(json.loads(file.read_text()))
         except (ValueError, KeyError) as e:
             raise ValueError(f"{file} does not describe a {self.family} model this package builds: {e}") from e
+        return with_mtp_layers_held(args, file.parent)

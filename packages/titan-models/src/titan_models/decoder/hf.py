@@ -15,22 +15,32 @@ convert_llama_weights_to_hf.py does; from_hf undoes it.
 
 Multi-token prediction modules (args.mtp_layers, decoder/mtp.py) are DeepSeek-V3's extra layers: module k is
 model.layers.<n_layers + k - 1>, its own enorm, hnorm, eh_proj and shared_head.norm under those names and its block
-under the names of a block of the last block's kind. The copies DeepSeek's folders also keep there of the shared
-embedding and head (embed_tokens, shared_head.head) are neither read nor written.
+under the names of a block of the last block's kind; config.json's num_nextn_predict_layers counts them (a folder's
+are those its weights also hold: hf_folder.py, `from_hf_folder`). DeepSeek's released folders also keep copies of
+the shared embedding and output head there (model.layers.<n>.embed_tokens.weight, .shared_head.head.weight), which
+vLLM's and SGLang's MTP drafters load as the draft model's own: an export writes them as copies (`hf_copies()`),
+an import ignores them (`skips_hf_key()`: never read, so not compared either; DeepSeek trains one shared tensor,
+and reading the copies would cost another embedding and head). An import also skips the MTP layers of a folder
+beyond the model's own (a run with model.mtp_layers = 0 on a folder that has them: titan-train logs the drop).
+transformers' DeepseekV3ForCausalLM has no MTP layer: it reports model.layers.<n_layers>.* as unexpected keys
+(unless n_layers is 61, the one layer it ignores by name) and ignores them.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.hf_config import args_from_dict
+from titan_models.decoder.hf_folder import with_mtp_layers_held
 
 _TOP_LEVEL = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -66,6 +76,8 @@ _EXPERTS = {
 _TOP_LEVEL_FROM_HF = {hf: ours for ours, hf in _TOP_LEVEL.items()}
 # A multi-token prediction module's own tensors (decoder/mtp.py), the same names in model.layers.<n_layers + k - 1>.
 _MTP_OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+# DeepSeek's copies of the shared embedding and head in each MTP layer: {name in the layer: the top-level tensor}.
+_MTP_COPIES = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
 _OUR_MTP_KEY = re.compile(r"mtp\.(\d+)\.(.+)")
 _OUR_LAYER_KEY = re.compile(r"layers\.(\d+)\.(.+)")
 _HF_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -125,6 +137,12 @@ class DecoderHFAdapter:
     def from_hf_config(cls, config: dict[str, Any]) -> DecoderHFAdapter:
         return cls(cls.config_to_args(config))
 
+    @classmethod
+    def from_hf_folder(cls, folder: str | Path) -> DecoderHFAdapter:
+        """From a folder's config.json, with the MTP layers its weights hold (not just those it declares)."""
+        config = json.loads((Path(folder) / "config.json").read_text())
+        return cls(with_mtp_layers_held(cls.config_to_args(config), folder))
+
     def args_dict(self) -> dict[str, Any]:
         """The args as plain data, for checkpoint metadata; from_args_dict reads it back."""
         return asdict(self.args)
@@ -135,6 +153,24 @@ class DecoderHFAdapter:
     def aliases(self) -> dict[str, str]:
         """Our FQNs that name the same tensor as another FQN: {alias: the FQN Hugging Face stores}."""
         return {"output.weight": "tok_embeddings.weight"} if self.args.tie_word_embeddings else {}
+
+    def hf_copies(self) -> dict[str, str]:
+        """{Hugging Face key written as a copy: the key whose tensor it repeats}: each MTP layer's copies of the
+        shared embedding and head, as DeepSeek's folders hold them."""
+        head = "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
+        copies = {}
+        for layer in range(self.args.n_layers, self.args.n_layers + self.args.mtp_layers):
+            copies[f"model.layers.{layer}.embed_tokens.weight"] = "model.embed_tokens.weight"
+            copies[f"model.layers.{layer}.shared_head.head.weight"] = head
+        return copies
+
+    def skips_hf_key(self, hf_key: str) -> bool:
+        """Whether an import leaves the folder's tensor `hf_key` unread: an MTP layer's copy of the shared embedding
+        or head, or any tensor of an MTP layer past the model's (layers from n_layers + mtp_layers on)."""
+        match = _HF_LAYER_KEY.fullmatch(hf_key)
+        if not match or int(match.group(1)) < self.args.n_layers:
+            return False
+        return match.group(2) in _MTP_COPIES or int(match.group(1)) >= self.args.n_layers + self.args.mtp_layers
 
     def _layer(self, match: re.Match[str], key: str) -> int:
         layer = int(match.group(1))
@@ -267,6 +303,7 @@ class DecoderHFAdapter:
         return _halves_to_interleaved(tensor.reshape(tensor.shape[0], -1), n_heads).reshape(tensor.shape)
 
     def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Our tensors in Hugging Face's names and layout (hf_copies() are the exporter's to add)."""
         aliases, out = self.aliases(), {}
         for fqn, tensor in state_dict.items():
             if fqn in aliases:
@@ -281,6 +318,8 @@ class DecoderHFAdapter:
     def from_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         ours, pieces = {}, {}
         for key, tensor in state_dict.items():
+            if self.skips_hf_key(key):
+                continue
             fqn = self.from_hf_key(key)
             if self.stacked_hf_keys(fqn) is None:
                 ours[fqn] = self.from_hf_tensor(key, tensor)
@@ -296,7 +335,8 @@ class DecoderHFAdapter:
         return ours
 
     def hf_keys(self) -> list[str]:
-        """Every tensor name a complete Hugging Face checkpoint of this shape holds."""
+        """Every tensor name a complete Hugging Face checkpoint of this shape holds (hf_copies() aside: an
+        export writes them, an import does without them)."""
         per_layer = []
         for layer in range(self.args.n_layers):
             per_layer += [f"model.layers.{layer}.{name}" for name in self._layer_names(layer).values()]

@@ -48,7 +48,9 @@ def decoder_config(
 
     RoPE is written twice: `rope_parameters` (transformers 5) and `rope_theta` / `rope_scaling` (what
     transformers 4, vLLM and TGI read); both give the same frequencies. max_position_embeddings is the
-    model's max_seq_len, the context its RoPE table covers."""
+    model's max_seq_len, the context its RoPE table covers. Multi-token prediction modules are written as
+    DeepSeek-V3's `num_nextn_predict_layers` only when the model has them (Llama's and Qwen3's configs have no
+    such key; transformers keeps it as an unused attribute), so a config without MTP is unchanged."""
     rope_scaling = None if args.rope_scaling is None else {"rope_type": "llama3", **asdict(args.rope_scaling)}
     config: dict[str, Any] = {
         "architectures": [architecture],
@@ -71,6 +73,8 @@ def decoder_config(
         "tie_word_embeddings": args.tie_word_embeddings,
         "dtype": str(dtype).removeprefix("torch."),
     }
+    if args.mtp_layers:
+        config["num_nextn_predict_layers"] = args.mtp_layers
     return with_token_ids(config, bos_token_id, eos_token_id)
 
 
@@ -116,7 +120,17 @@ def decoder_fields(config: dict[str, Any], default_eps: float) -> dict[str, Any]
         "rope_scaling": scaling,
         "max_seq_len": config.get("max_position_embeddings", 2048),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "mtp_layers": mtp_layers_of(config),
     }
+
+
+def mtp_layers_of(config: dict[str, Any]) -> int:
+    """The multi-token prediction modules a config.json declares (DeepSeek-V3's num_nextn_predict_layers, which
+    transformers also reads as num_mtp_layers); whether the folder's weights hold them is hf_folder.py's question."""
+    layers = config.get("num_nextn_predict_layers", config.get("num_mtp_layers")) or 0
+    if not isinstance(layers, int) or layers < 0:
+        raise ValueError(f"config num_nextn_predict_layers={layers!r} must be an integer >= 0")
+    return layers
 
 
 def qk_norm_config(config: dict[str, Any], args: DecoderArgs) -> dict[str, Any]:

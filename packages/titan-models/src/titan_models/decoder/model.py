@@ -15,7 +15,7 @@ from torch import nn
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.block import TransformerBlock
 from titan_models.decoder.layers import RMSNorm
-from titan_models.decoder.mtp import IGNORE_INDEX, MTPModule, document_ids_from_positions, mtp_targets
+from titan_models.decoder.mtp import IGNORE_INDEX, MTPModule, mtp_targets, shift_document_ids
 from titan_models.decoder.rope import precompute_freqs_cis
 from titan_models.moe import MoE
 from titan_models.moe.routing_ledger import RoutingLedger, RoutingStats
@@ -117,6 +117,7 @@ class Decoder(nn.Module):
         positions: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
         return_mtp: bool = False,
+        mtp_inputs: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
 
@@ -128,6 +129,10 @@ class Decoder(nn.Module):
         return_mtp: also return the MTP modules' logits, one [bs, seqlen, vocab_size] per depth (depth k at
         position t predicts token t + 1 + k; `mtp_losses` gives their losses). Needs mtp_layers > 0 and the whole
         model (embedding, modules and output head) in this part.
+        mtp_inputs: optional [bs, seqlen, mtp_layers] input tokens of the depths (`mtp_targets(...)[k - 1].inputs`
+        in column k - 1), for a caller that shifts the whole sequence before splitting it (context parallelism:
+        a rank's last positions read tokens another rank holds); None: shifted here from `tokens`. Read only
+        with return_mtp.
         Returns logits [bs, seqlen, vocab_size], or hidden states when output is None; with return_mtp,
         (logits, [mtp logits of depth 1, .., D]).
         """
@@ -140,7 +145,8 @@ class Decoder(nn.Module):
             if routed is not None:
                 routings.append(routed)
         h = self.routing.read(h, routings) if self.routing is not None else h
-        mtp_logits = self._mtp_forward(h, tokens, freqs_cis, positions, document_ids) if return_mtp else None
+        if return_mtp:
+            mtp_logits = self._mtp_forward(h, tokens, freqs_cis, positions, document_ids, mtp_inputs)
         h = self.norm(h) if self.norm is not None else h
         out = self.output(h) if self.output is not None else h
         return (out, mtp_logits) if return_mtp else out
@@ -152,6 +158,7 @@ class Decoder(nn.Module):
         freqs_cis: torch.Tensor,
         positions: torch.Tensor | None,
         document_ids: torch.Tensor | None,
+        mtp_inputs: torch.Tensor | None,
     ) -> list[torch.Tensor]:
         """The MTP modules in sequence from the main model's last hidden state h (before its final norm)."""
         if self.mtp is None or self.tok_embeddings is None or self.output is None:
@@ -159,26 +166,18 @@ class Decoder(nn.Module):
                 f"Decoder.forward(return_mtp=True) needs Llama3Args.mtp_layers > 0 (got {self.args.mtp_layers}) and "
                 "the token embedding, the MTP modules and the output head in this model part"
             )
-        depths = mtp_targets(tokens, tokens, len(self.mtp), self._document_ids(positions, document_ids))
+        if mtp_inputs is None:
+            depths = mtp_targets(tokens, tokens, len(self.mtp), shift_document_ids(positions, document_ids))
+            mtp_inputs = torch.stack([depth.inputs for depth in depths], dim=-1)
         hiddens, routings = [], []
-        for module, depth in zip(self.mtp.values(), depths, strict=True):
-            h, routed = module(h, self.tok_embeddings(depth.inputs), freqs_cis, document_ids=document_ids)
+        for module, inputs in zip(self.mtp.values(), mtp_inputs.unbind(-1), strict=True):
+            h, routed = module(h, self.tok_embeddings(inputs), freqs_cis, document_ids=document_ids)
             hiddens.append(h)
             if routed is not None:
                 routings.append(routed)
         if self.mtp_routing is not None:  # the modules' auxiliary loss joins the gradient through the last depth
             hiddens[-1] = self.mtp_routing.read(hiddens[-1], routings)
         return [self.output(module.shared_head.norm(h)) for module, h in zip(self.mtp.values(), hiddens, strict=True)]
-
-    @staticmethod
-    def _document_ids(positions: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
-        """The documents an MTP shift must not cross: document_ids, else those of per-row positions that restart
-        at each document ([bs, seqlen]); None: one document per row."""
-        if document_ids is not None:
-            return document_ids
-        if positions is not None and positions.dim() == 2:
-            return document_ids_from_positions(positions)
-        return None
 
     def mtp_losses(
         self,
@@ -194,7 +193,7 @@ class Decoder(nn.Module):
         mean by lambda (the paper's MTP loss). cross_entropy(output, labels): the mean loss of one depth's output
         (default: float32 cross entropy of logits); a chunked loss passes its own, the output then being the
         hidden states the bypassed head received."""
-        depths = mtp_targets(labels, labels, len(mtp_logits), self._document_ids(positions, document_ids))
+        depths = mtp_targets(labels, labels, len(mtp_logits), shift_document_ids(positions, document_ids))
         cross_entropy = cross_entropy or _logits_cross_entropy
         return [cross_entropy(output, depth.labels) for output, depth in zip(mtp_logits, depths, strict=True)]
 

@@ -46,6 +46,16 @@ def document_ids_from_positions(positions: torch.Tensor) -> torch.Tensor:
     return torch.cumsum((positions == 0).long(), dim=-1)
 
 
+def shift_document_ids(positions: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The documents an MTP shift must not cross, from a forward's per-token arguments: document_ids, else those
+    of per-row positions that restart at each document ([bs, seqlen]); None: one document per row."""
+    if document_ids is not None:
+        return document_ids
+    if positions is not None and positions.dim() == 2:
+        return document_ids_from_positions(positions)
+    return None
+
+
 def mtp_targets(
     tokens: torch.Tensor, labels: torch.Tensor, depths: int, document_ids: torch.Tensor | None = None
 ) -> list[MTPDepth]:

@@ -149,7 +149,9 @@ def decoder_plan(args: DecoderArgs) -> ModelPlan:
         output_fqns=["norm", "output"],
         head_fqn="output",
         tp_plan=partial(decoder_tp_plan, args),
-        attention_fqns=["layers.*.attention.inner_attention"],
+        # The MTP modules' blocks attend over the sequence too (context parallelism's ring).
+        attention_fqns=["layers.*.attention.inner_attention"]
+        + (["mtp.*.block.attention.inner_attention"] if args.mtp_layers else []),
         expert_fqns=_expert_fqns(args),
         document_masking=True,
         tp_divisible=divisible,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from titan_models.decoder.args import DecoderArgs
-from titan_models.decoder.hf_config import with_token_ids
+from titan_models.decoder.hf_config import mtp_layers_of, with_token_ids
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.decoder.rope import YarnScaling
 from titan_models.moe.args import MoEArgs
@@ -23,7 +23,7 @@ def hf_config(
     eos_token_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
     """config.json for DeepseekV3ForCausalLM with the shape of `args` (MLA, and a DeepSeek MoE whose dense
-    layers are the first k)."""
+    layers are the first k) and its multi-token prediction modules (num_nextn_predict_layers)."""
     mla, moe = args.mla, args.moe
     if mla is None or moe is None:
         raise ValueError("a DeepSeek-V3 config needs Llama3Args.mla and Llama3Args.moe")
@@ -68,6 +68,8 @@ def hf_config(
         "max_position_embeddings": args.max_seq_len,
         "attention_bias": False,
         "tie_word_embeddings": args.tie_word_embeddings,
+        # Always written: transformers' DeepseekV3Config assumes 1 where the key is missing.
+        "num_nextn_predict_layers": args.mtp_layers,
         "dtype": str(dtype).removeprefix("torch."),
     }
     return with_token_ids(config, bos_token_id, eos_token_id)
@@ -82,7 +84,8 @@ def _first_k_dense(moe: MoEArgs) -> int:
 
 def args_from_hf_config(config: dict[str, Any]) -> DecoderArgs:
     """DecoderArgs for a DeepseekV3ForCausalLM config.json. The selection bias (e_score_correction_bias) is
-    DeepSeek-V3's auxiliary-loss-free balancing, so that is the load balancing the args carry."""
+    DeepSeek-V3's auxiliary-loss-free balancing, so that is the load balancing the args carry. mtp_layers is what
+    the config declares; a folder's are those its weights also hold (decoder/hf_folder.py)."""
     architectures = config.get("architectures") or []
     if ARCHITECTURE not in architectures:
         raise ValueError(f"config architectures={architectures} is not {ARCHITECTURE}")
@@ -117,6 +120,7 @@ def args_from_hf_config(config: dict[str, Any]) -> DecoderArgs:
         rope_scaling=scaling,
         max_seq_len=config.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        mtp_layers=mtp_layers_of(config),
         mla=MLAArgs(
             kv_lora_rank=config["kv_lora_rank"],
             q_lora_rank=config.get("q_lora_rank"),

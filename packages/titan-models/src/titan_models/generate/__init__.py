@@ -8,12 +8,24 @@ long convolutions.
     for tokens in generate_tokens(model, prompt, max_new_tokens=64):  # prompt [B, P]; tokens [B] per step
         ...
 
+Greedy decoding drafted by a decoder's multi-token prediction modules (same tokens, fewer main forwards):
+
+    stats = SpeculationStats()
+    tokens = generate_speculative(model, prompt_ids, max_new_tokens=64, stats=stats)  # stats.acceptance_rate
+
 Lower level: build_decoder(model, max_len) -> decoder.prefill(tokens) / decoder.step(token) -> logits.
 """
 
 from titan_models.generate.hyena_decode import HyenaDecoder
 from titan_models.generate.llama_decode import LlamaDecoder
 from titan_models.generate.loop import GenerationOptions, build_decoder, generate, generate_tokens
+from titan_models.generate.mtp_draft import MTPDrafter
+from titan_models.generate.mtp_speculative import (
+    SpeculationStats,
+    check_speculative,
+    generate_speculative,
+    speculative_tokens,
+)
 from titan_models.generate.online_conv import STRATEGIES, EagerConv, FlashConv, LazyConv, make_online_conv
 from titan_models.generate.sampling import sample_next
 from titan_models.generate.tiling import TileKernels, tiles
@@ -26,11 +38,16 @@ __all__ = [
     "HyenaDecoder",
     "LazyConv",
     "LlamaDecoder",
+    "MTPDrafter",
+    "SpeculationStats",
     "TileKernels",
     "build_decoder",
+    "check_speculative",
     "generate",
+    "generate_speculative",
     "generate_tokens",
     "make_online_conv",
     "sample_next",
+    "speculative_tokens",
     "tiles",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from titan_models.decoder.args import DecoderArgs
-from titan_models.decoder.flavors import HF_PREFIX, Flavors  # noqa: F401 (here before 0.16; kept until 0.18)
+from titan_models.decoder.flavors import Flavors
 from titan_models.decoder.rope import RopeScaling
 from titan_models.llama3.hf_config import args_from_hf_config
 

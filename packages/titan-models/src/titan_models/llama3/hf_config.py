@@ -8,12 +8,7 @@ from typing import Any
 import torch
 
 from titan_models.decoder.args import DecoderArgs
-from titan_models.decoder.hf_config import (  # noqa: F401 (args_from_dict, with_token_ids: here before 0.16)
-    args_from_dict,
-    decoder_config,
-    decoder_fields,
-    with_token_ids,
-)
+from titan_models.decoder.hf_config import decoder_config, decoder_fields
 
 ARCHITECTURE = "LlamaForCausalLM"
 

@@ -1,13 +1,11 @@
 """Named Qwen3 sizes: the published shapes (each model's config.json on the Hugging Face Hub) and small ones for
-CPU. `hf:<folder>` reads a folder's config.json, as for Llama 3. (Qwen3-MoE's are titan_models.qwen3_moe's;
-MOE_FLAVORS is kept here until 0.18.)"""
+CPU. `hf:<folder>` reads a folder's config.json, as for Llama 3. (Qwen3-MoE's are titan_models.qwen3_moe's.)"""
 
 from __future__ import annotations
 
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.flavors import Flavors
 from titan_models.qwen3.hf_config import args_from_hf_config
-from titan_models.qwen3_moe.flavors import FLAVORS as MOE_FLAVORS  # noqa: F401 (here before 0.16)
 
 _VOCAB = 151936
 

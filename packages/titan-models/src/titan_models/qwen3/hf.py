@@ -6,7 +6,6 @@ from __future__ import annotations
 from titan_models.decoder.hf import DecoderHFAdapter
 from titan_models.qwen3.flavors import FLAVORS
 from titan_models.qwen3.hf_config import DENSE, args_from_hf_config, hf_config
-from titan_models.qwen3_moe.hf import Qwen3MoeHFAdapter  # noqa: F401 (here before 0.16; kept until 0.18)
 
 
 class Qwen3HFAdapter(DecoderHFAdapter):

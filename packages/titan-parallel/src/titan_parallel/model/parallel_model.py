@@ -48,6 +48,10 @@ TokenKwargs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 """Per-token model keyword arguments [B, S] derived from the whole (unsharded) inputs, e.g. each token's
 document and its position in it (packed sequences): sharded like the inputs under CP, split into
 micro-batches under PP, and passed to every model part."""
+LossLabels = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(inputs, labels) of the whole (unsharded) batch -> the labels the loss gets, [B, S, ...], e.g. multi-token
+prediction's labels of every depth: a shift along the sequence that must be made before CP shards it. Sharded
+like the inputs under CP, split into micro-batches under PP."""
 
 
 class ModelConverter(Protocol):
@@ -82,6 +86,7 @@ def build_parallel_model(
     seed: int,
     converter: ModelConverter | None = None,
     token_kwargs: TokenKwargs | None = None,
+    loss_labels: LossLabels | None = None,
 ) -> "ParallelModel":
     """Build the model on the meta device and parallelize it in the fixed order: conversion (float8) ->
     pipeline split -> per stage TP -> CP -> EP -> AC -> compile -> data parallel -> materialize + seeded init.
@@ -136,7 +141,7 @@ def build_parallel_model(
     head_loss.attach(parts)
     return ParallelModel(
         parts, layout, loss_fn, converter, pipeline,
-        block_fqns=plan.block_fqns, head_loss=head_loss, token_kwargs=token_kwargs,
+        block_fqns=plan.block_fqns, head_loss=head_loss, token_kwargs=token_kwargs, loss_labels=loss_labels,
     )  # fmt: skip
 
 
@@ -208,12 +213,13 @@ class ParallelModel:
         block_fqns: list[str] = (),
         head_loss: HeadLoss | None = None,
         token_kwargs: TokenKwargs | None = None,
+        loss_labels: LossLabels | None = None,
     ):
         self.parts, self.layout = parts, layout
         # The training loss: loss_fn, or the chunked head + cross entropy (chunked_loss.py).
         self._head_loss = head_loss or HeadLoss(loss_fn, 0, layout.loss_parallel, None)
         self._block_fqns = list(block_fqns)
-        self._token_kwargs = token_kwargs
+        self._token_kwargs, self._loss_labels = token_kwargs, loss_labels
         self._converter, self._pipeline = converter, pipeline
         self._cp_mesh = layout.dims.submesh("cp") if layout.context_parallel is not None else None
         # The loss is reported as the mean over every rank that holds different tokens.
@@ -286,6 +292,7 @@ class ParallelModel:
     def _model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor):
         """(inputs, labels, per-token keyword arguments), this rank's shard of each under CP."""
         kwargs = self._token_kwargs(inputs) if self._token_kwargs is not None else {}
+        labels = self._loss_labels(inputs, labels) if self._loss_labels is not None else labels
         if self._cp_mesh is not None:
             inputs, labels, *values = shard_sequence([inputs, labels, *kwargs.values()], self._cp_mesh)
             kwargs = dict(zip(kwargs, values, strict=True))

@@ -4,6 +4,7 @@
                    [--max-new-tokens 64] [--temperature 0] [--top-k K] [--seed 0] [--strategy flash|lazy|eager]
     titan-generate ... --batch-file PROMPTS.txt      (one prompt per line, generated as one batch; JSON lines out)
     titan-generate ... --chat [--system TEXT] --prompt TEXT   (a user message: the assistant's reply alone)
+    titan-generate ... --speculative mtp   (greedy, drafted by the model's multi-token prediction modules)
     titan-generate --checkpoint PATH --prompt TEXT   (no recipe: a DCP checkpoint or an HF folder says it all)
 
 Without a recipe the checkpoint says what it holds: a Hugging Face folder by its config.json and tokenizer
@@ -13,12 +14,15 @@ sets the model's max_seq_len, as in training). One prompt is printed token by to
 --checkpoint is a DCP checkpoint (one step-N folder, or a folder of them: the latest complete one is used),
 a Hugging Face safetensors folder, or (with a recipe) a file holding a torch.save'd state dict. One
 process; the model runs whole on this machine's device. --chat renders the prompt with the tokenizer
-folder's chat template and stops at its end of turn (titan_train.generate.chat).
+folder's chat template and stops at its end of turn (titan_train.generate.chat). --speculative mtp gives greedy
+decoding's tokens in fewer forwards of the model, its MTP modules drafting the next ones
+(titan_models.generate.mtp_speculative); the acceptance rate and tokens per forward go to stderr.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -30,6 +34,12 @@ import torch
 from titan_train.cli.command import EXIT_OK, run_command, version_line
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.generate.model_source import load_from_checkpoint
+from titan_train.generate.speculative import (
+    check_speculative_model,
+    check_speculative_options,
+    speculation_line,
+    stream_speculative,
+)
 from titan_train.generate.streaming import stream_tokens, write_stream
 
 USAGE = __doc__.split("\n\n")[1]
@@ -39,6 +49,7 @@ examples:
   titan-generate --config recipe.toml --checkpoint outputs/run1/hf --prompt "Hello" --temperature 0.8 --top-k 50
   titan-generate --checkpoint outputs/run1/checkpoint --batch-file prompts.txt > continuations.jsonl
   titan-generate --checkpoint outputs/sft_debug/checkpoint --chat --prompt "Who built the ark?"
+  titan-generate --checkpoint outputs/mtp_run/checkpoint --prompt "In the beginning" --speculative mtp
   titan-generate --version
 
 exit codes: 0 done, 2 a usage or config mistake (nothing ran), 1 generation failed."""
@@ -74,6 +85,10 @@ class GenerateOptions:
     checkpoint."""
     system: str = ""
     """With --chat: a system message put before the user's."""
+    speculative: str = ""
+    """mtp: greedy decoding (--temperature 0) drafted by the model's multi-token prediction modules (a model
+    trained with model.mtp_layers > 0): the same tokens as without, in fewer forwards of the model; prints the
+    drafts' acceptance rate and the tokens per forward on stderr. Empty: no speculation."""
 
 
 def split_argv(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
@@ -154,7 +169,7 @@ def run(argv: list[str]) -> str | None:
     """Parse, build, load, generate. One prompt: writes it with its continuation to stdout, token by token,
     and returns None; --batch-file: returns the JSON lines."""
     from titan_models import get_model_spec
-    from titan_models.generate import STRATEGIES, generate
+    from titan_models.generate import STRATEGIES, generate, generate_speculative
     from titan_parallel import device_type
     from titan_train.config.model_args import model_args
     from titan_train.data.tokenizer import load_tokenizer
@@ -171,6 +186,7 @@ def run(argv: list[str]) -> str | None:
         raise ConfigError("--system is the system message of a --chat prompt; add --chat")
     if options.strategy not in STRATEGIES:
         raise ConfigError(f"--strategy={options.strategy!r} is not allowed; use one of {', '.join(STRATEGIES)}")
+    check_speculative_options(options)
     device = torch.device(device_type())
     if rest or Path(options.checkpoint).expanduser().is_file():  # a recipe names the model (a .pt needs one)
         config = load_config(parse_argv(rest))
@@ -187,8 +203,9 @@ def run(argv: list[str]) -> str | None:
         loaded = load_from_checkpoint(options.checkpoint, device, options.seed)
         model, tokenizer, name, source = loaded.model, loaded.tokenizer, loaded.name, loaded.description
     model.eval()
+    stats = check_speculative_model(model, source) if options.speculative else None
     if options.chat:
-        return _chat(model, tokenizer, prompts, options, name, source)
+        return _chat(model, tokenizer, prompts, options, name, source, stats)
     prompt_ids = [tokenizer.encode(prompt, bos=True, eos=False) for prompt in prompts]
     start = time.perf_counter()
     sampling = dict(
@@ -198,24 +215,33 @@ def run(argv: list[str]) -> str | None:
         strategy=options.strategy,
         eos_id=tokenizer.eos_id,
     )
-    if options.batch_file:
+    if options.batch_file and stats is not None:
+        new_ids = generate_speculative(model, prompt_ids, options.max_new_tokens, tokenizer.eos_id, stats)
+    elif options.batch_file:
         new_ids = generate(model, prompt_ids, options.max_new_tokens, **sampling)
-        rows = [until_eos(row, tokenizer.eos_id) for row in new_ids.reshape(len(prompts), -1).tolist()]
     else:  # one prompt: its tokens are printed as they come
         sys.stdout.write(prompts[0])
-        tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **sampling)
+        if stats is not None:
+            tokens = stream_speculative(model, prompt_ids[0], options.max_new_tokens, tokenizer.eos_id, stats)
+        else:
+            tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **sampling)
         rows = [write_stream(tokens, tokenizer.decode, sys.stdout)]
         sys.stdout.write("\n")
-    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options)
+    if options.batch_file:
+        rows = [until_eos(row, tokenizer.eos_id) for row in new_ids.reshape(len(prompts), -1).tolist()]
+    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options, stats)
     if not options.batch_file:
         return None  # already written, as it came
     texts = [prompt + tokenizer.decode(row) for prompt, row in zip(prompts, rows, strict=True)]
     return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, texts, strict=True))
 
 
-def _chat(model, tokenizer, prompts: list[str], options: GenerateOptions, name: str, source: str) -> str | None:
-    """run() for --chat: the prompts as user messages, the replies alone (see GenerateOptions.chat)."""
-    from titan_models.generate import GenerationOptions
+def _chat(
+    model, tokenizer, prompts: list[str], options: GenerateOptions, name: str, source: str, stats=None
+) -> str | None:
+    """run() for --chat: the prompts as user messages, the replies alone (see GenerateOptions.chat); stats: a
+    SpeculationStats with --speculative mtp."""
+    from titan_models.generate import GenerationOptions, speculative_tokens
     from titan_train.generate.chat import (
         chat_prompt_ids,
         end_of_turn_ids,
@@ -235,20 +261,26 @@ def _chat(model, tokenizer, prompts: list[str], options: GenerateOptions, name: 
     sampling = GenerationOptions(options.temperature, options.top_k or None, options.seed, options.strategy, None)
     start = time.perf_counter()
     if options.batch_file:
-        rows = generate_replies(model, prompt_ids, options.max_new_tokens, sampling, stop_ids)
+        loop = None if stats is None else functools.partial(speculative_tokens, stats=stats)
+        rows = generate_replies(model, prompt_ids, options.max_new_tokens, sampling, stop_ids, loop)
     else:
-        tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **dataclasses.asdict(sampling))
+        if stats is not None:
+            tokens = stream_speculative(model, prompt_ids[0], options.max_new_tokens, None, stats)
+        else:
+            tokens = stream_tokens(model, prompt_ids[0], options.max_new_tokens, **dataclasses.asdict(sampling))
         rows = [write_stream(until_end_of_turn(tokens, stop_ids), tokenizer.decode, sys.stdout)]
         sys.stdout.write("\n")
-    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options)
+    report(model, name, source, prompt_ids, rows, time.perf_counter() - start, options, stats)
     if not options.batch_file:
         return None
     replies = [tokenizer.decode(row) for row in rows]
     return "\n".join(json.dumps({"prompt": p, "text": t}) for p, t in zip(prompts, replies, strict=True))
 
 
-def report(model, name: str, source: str, prompt_ids, rows, seconds: float, options: GenerateOptions) -> None:
-    """The speed line (and Hyena's flash memory line) on stderr."""
+def report(
+    model, name: str, source: str, prompt_ids, rows, seconds: float, options: GenerateOptions, stats=None
+) -> None:
+    """The speed line (and Hyena's flash memory line, or speculation's figures from stats) on stderr."""
     from titan_models import get_model_spec
 
     n_tokens = sum(len(row) for row in rows)
@@ -262,6 +294,8 @@ def report(model, name: str, source: str, prompt_ids, rows, seconds: float, opti
     )
     if decoding == "flash":
         print(f"[titan-generate] {flash_memory_line(model, prompt_ids, options.max_new_tokens)}", file=sys.stderr)
+    if stats is not None:
+        print(f"[titan-generate] {speculation_line(stats, model.args.mtp_layers)}", file=sys.stderr)
 
 
 def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int) -> str:

@@ -4,10 +4,14 @@ the [moe] choices applied. The trainer, the generator (which rebuilds the model 
 take them from here."""
 
 import dataclasses
+import functools
+import logging
 
 from titan_models import get_model_spec
 from titan_train.config.loader import ConfigError
 from titan_train.config.sections import JobConfig
+
+logger = logging.getLogger("titan")
 
 
 def model_args(config: JobConfig):
@@ -23,12 +27,23 @@ def _with_depth(args, n_layers: int):
 
 
 def _with_mtp(args, config: JobConfig):
-    """model.mtp_layers into the args (DecoderArgs.mtp_layers); refused where it is not trained yet."""
-    depths = config.model.mtp_layers
-    if depths < 0:
+    """model.mtp_layers into the args (DecoderArgs.mtp_layers): "auto" keeps the flavor's (a Hugging Face folder's
+    MTP layers); refused where it is not trained yet."""
+    depths, flavors = config.model.mtp_layers, getattr(args, "mtp_layers", 0)
+    if depths == "auto":
+        depths = flavors
+    elif depths < 0:
         raise ConfigError(f"model.mtp_layers={depths} must be >= 0 (0: no multi-token prediction)")
+    elif flavors and depths != flavors:
+        if depths:
+            raise ConfigError(
+                f"model.mtp_layers={depths} but model.flavor={config.model.flavor!r} has {flavors} MTP module(s) "
+                f"(config.json num_nextn_predict_layers, its weights under model.layers.{args.n_layers}.*); set "
+                f'model.mtp_layers = "auto" (or {flavors}) to train them, or 0 to drop them'
+            )
+        _log_mtp_dropped(config.model.flavor, flavors, args.n_layers)
     if depths == 0:
-        return args
+        return dataclasses.replace(args, mtp_layers=0) if flavors else args
     if not hasattr(args, "mtp_layers"):
         raise ConfigError(
             f"model.mtp_layers={depths}: model {config.model.name!r} has no multi-token prediction modules; use a "
@@ -37,7 +52,6 @@ def _with_mtp(args, config: JobConfig):
     p = config.parallelism
     refused = {
         "pipeline_parallel_degree": "the MTP modules need the embedding on the last stage",
-        "context_parallel_degree": "the shifted token of a rank's last positions lives on the next rank",
     }
     for key, why in refused.items():
         if getattr(p, key) > 1:
@@ -46,6 +60,15 @@ def _with_mtp(args, config: JobConfig):
                 f"train MTP on one process or with FSDP/HSDP/DDP (parallelism.{key} = 1), or set model.mtp_layers = 0"
             )
     return dataclasses.replace(args, mtp_layers=depths)
+
+
+@functools.cache
+def _log_mtp_dropped(flavor: str, depths: int, n_layers: int) -> None:
+    # Once per process: the args are built by the trainer, the checkpoint and the tools alike.
+    logger.info(
+        f"model.mtp_layers = 0 drops the {depths} MTP module(s) of model.flavor={flavor!r}: model.layers."
+        f"{n_layers}.* are not loaded, trained or exported"
+    )
 
 
 def _with_moe_choices(args, config: JobConfig):

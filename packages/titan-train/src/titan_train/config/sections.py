@@ -7,8 +7,7 @@ Section and key names are a public interface (users' TOML recipes and CLI overri
 from dataclasses import dataclass, field
 from typing import Literal
 
-from titan_checkpoint import CheckpointConfig
-from titan_checkpoint.location import check_location
+from titan_checkpoint import CheckpointConfig, check_location
 from titan_float8 import Float8Options
 
 
@@ -35,12 +34,15 @@ class Model:
     n_layers: int = 0
     """Blocks of the model; 0: the flavor's. A smaller number builds the flavor's width with fewer blocks (a quick
     run at the real width; `titan-train plan` dry-runs deep models so and extrapolates per block)."""
-    mtp_layers: int = 0
+    mtp_layers: int | Literal["auto"] = "auto"
     """Multi-token prediction modules (DeepSeek-V3's MTP, TorchTitan's num_mtp_layers): module k predicts the token
     k + 1 ahead from the previous depth's hidden state and the embedding of the token k ahead, sharing the embedding
-    and output head; their loss joins the training loss weighted by training.mtp_loss_weight. 0: none. Decoder
-    families only; trains on one process and under FSDP/HSDP/DDP, with the plain loss (training.loss_chunk_tokens
-    "auto" turns chunking off); pipeline, context, tensor and expert parallelism are refused for now."""
+    and output head; their loss joins the training loss weighted by training.mtp_loss_weight. 0: none. "auto": the
+    flavor's: none for a named flavor; for hf:<folder>, the MTP layers its config.json declares
+    (num_nextn_predict_layers) and its weights hold, loaded from the folder. On such a folder 0 drops them (logged)
+    and another number is refused. Decoder families only; trains on one process and under FSDP/HSDP/DDP, with the
+    plain loss (training.loss_chunk_tokens "auto" turns chunking off); pipeline, context, tensor and expert
+    parallelism are refused for now."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
     attention_mask: Literal["causal", "block_causal"] = "causal"

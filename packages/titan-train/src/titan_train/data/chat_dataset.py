@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 # The label the losses skip: titan_parallel's chunked loss's, and run/trainer.py's plain cross entropy's.
-from titan_parallel.loss.gradients_in_forward import IGNORE_INDEX
+from titan_parallel import IGNORE_INDEX
 from titan_train.data.chat_encoding import encode_chat
 from titan_train.data.chat_files import ROLES
 from titan_train.data.chat_template import ChatTemplate

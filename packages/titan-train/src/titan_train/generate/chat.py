@@ -14,7 +14,7 @@ transformers' generate stops at them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -66,18 +66,27 @@ def until_end_of_turn(tokens: Iterable[int], stop_ids: Sequence[int]) -> Iterato
 
 @torch.no_grad()
 def generate_replies(
-    model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, options, stop_ids: Sequence[int]
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    options,
+    stop_ids: Sequence[int],
+    loop: Callable[..., Iterator[torch.Tensor]] | None = None,
 ) -> list[list[int]]:
     """Each prompt's reply (its tokens before the first end-of-turn token), the prompts generated as one batch
-    that ends once every row has ended its turn. `options`: titan_models.generate.GenerationOptions."""
+    that ends once every row has ended its turn. `options`: titan_models.generate.GenerationOptions; `loop`: the
+    token loop, generate_tokens's signature (None: generate_tokens; titan-generate --speculative mtp gives
+    speculative_tokens)."""
     from titan_models.generate import generate_tokens
     from titan_models.generate.loop import left_pad
+
+    loop = generate_tokens if loop is None else loop
 
     tokens, valid, _ = left_pad(prompts)
     stop = torch.tensor(list(stop_ids))
     done = torch.zeros(len(prompts), dtype=torch.bool)
     steps = []
-    for token in generate_tokens(model, tokens, max_new_tokens, options, valid):
+    for token in loop(model, tokens, max_new_tokens, options, valid):
         token = token.cpu()
         steps.append(token)
         done |= torch.isin(token, stop)

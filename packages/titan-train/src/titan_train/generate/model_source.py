@@ -82,8 +82,7 @@ def _from_hf_folder(folder: Path, device: torch.device, seed: int) -> LoadedMode
 
 
 def _from_dcp(path: Path, device: torch.device, seed: int) -> LoadedModel:
-    from titan_checkpoint import ModelState, load_checkpoint, model_description, read_meta
-    from titan_checkpoint.folder import resolve_checkpoint
+    from titan_checkpoint import ModelState, load_checkpoint, model_description, read_meta, resolve_checkpoint
     from titan_models import get_model_spec
 
     checkpoint = resolve_checkpoint(path)

@@ -7,10 +7,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from titan_checkpoint import is_hf_folder
-from titan_checkpoint.folder import checkpoint_location
-from titan_checkpoint.hf_export import model_tensors
-from titan_checkpoint.storage import read_dcp_metadata
+from titan_checkpoint import is_hf_folder, model_tensor_names
 from titan_train.lora.adapters import is_adapter_name
 
 
@@ -19,7 +16,7 @@ def holds_adapters(path: str, load_format: str = "dcp") -> bool:
     Face folder never does. Reads the DCP metadata only."""
     if load_format == "hf" or is_hf_folder(path):
         return False
-    return any(is_adapter_name(fqn) for fqn, _, _ in model_tensors(read_dcp_metadata(checkpoint_location(path))))
+    return any(is_adapter_name(fqn) for fqn in model_tensor_names(path))
 
 
 @contextmanager

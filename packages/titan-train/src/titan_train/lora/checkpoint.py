@@ -6,7 +6,6 @@ import logging
 import os
 
 from titan_checkpoint import CheckpointManager, complete_steps, is_hf_folder
-from titan_checkpoint.folder import checkpoint_location, step_dir
 from titan_checkpoint.location import as_location
 from titan_train.config.sections import Lora
 from titan_train.lora.base_load import adapters_hidden, holds_adapters
@@ -60,9 +59,7 @@ class LoRACheckpointManager(CheckpointManager):
         self.wait()
         adapter_out = peft_folder(out)
         if self.rank == 0:
-            location = as_location(self.folder)
-            checkpoint = step_dir(location, step) if step is not None else checkpoint_location(location)
-            adapters = read_adapters(checkpoint)
+            adapters = read_adapters(self.folder, step)
             mapping, path = self.mapping(), self.config.initial_load_path
             # peft's config names the base it loads onto: the Hugging Face folder the run started from, if any.
             base = path if path and is_hf_folder(path) else None

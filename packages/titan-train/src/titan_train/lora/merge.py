@@ -2,23 +2,15 @@
 an ordinary model folder that needs no peft to load."""
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from titan_checkpoint.folder import checkpoint_location
-from titan_checkpoint.hf_export import model_tensors
-from titan_checkpoint.storage import SafeLoadPlanner, checkpoint_reader, read_dcp_metadata
+from titan_checkpoint import read_model_tensors
 from titan_train.lora.adapters import is_adapter_name
 
 
-def read_adapters(checkpoint) -> dict[str, torch.Tensor]:
-    """{our name: whole tensor} of the adapters a checkpoint (a step folder, or a folder of steps: the latest)
-    holds. Reads those tensors only, on the calling process."""
-    location = checkpoint_location(checkpoint)
-    entries = [entry for entry in model_tensors(read_dcp_metadata(location)) if is_adapter_name(entry[0])]
-    tensors = {key: torch.empty(info.size, dtype=info.properties.dtype) for _, key, info in entries}
-    if tensors:
-        dcp.load(tensors, storage_reader=checkpoint_reader(location), planner=SafeLoadPlanner(), no_dist=True)
-    return {fqn: tensors[key] for fqn, key, _ in entries}
+def read_adapters(checkpoint, step: int | None = None) -> dict[str, torch.Tensor]:
+    """{our name: whole tensor} of the adapters a checkpoint (a step folder, or a folder of steps: the latest,
+    or `step`) holds. Reads those tensors only, on the calling process."""
+    return read_model_tensors(checkpoint, is_adapter_name, step=step)
 
 
 def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:

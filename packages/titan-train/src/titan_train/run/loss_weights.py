@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from titan_train.data.chat_dataset import IGNORE_INDEX
+from titan_parallel import IGNORE_INDEX
 
 
 def token_weights(labels: list[torch.Tensor], dp_mesh: DeviceMesh | None) -> list[float]:

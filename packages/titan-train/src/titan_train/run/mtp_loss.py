@@ -7,8 +7,16 @@ model: one process or FSDP/HSDP/DDP, where the root module is the Decoder): a fo
 `return_mtp=True` while gradients are on (training; evaluation under no_grad keeps the plain forward and the
 plain loss), and a forward hook keeps the MTP logits aside and passes the main logits on. Under FSDP2 the root's
 own hooks were registered first, so its post-forward hook has seen the whole output (the MTP logits included)
-before ours strips it. The loss function then reads the kept logits with the same call's positions/document ids,
-so the MTP shift never crosses a document (Decoder.mtp_losses).
+before ours strips it.
+
+The shift is made on the whole batch, before context parallelism splits the sequence (a rank's last positions
+read tokens and labels another rank holds, and load balancing reorders the positions): `token_kwargs` adds the
+depths' input tokens to the model's per-token arguments (`mtp_inputs`), `loss_labels` stacks the depths'
+labels after the main ones ([bs, seqlen, 1 + D]); ParallelModel shards both like the inputs. Neither crosses a
+document boundary of a packed row (titan-models' mtp_targets). A depth's ignored positions (a row's last k, a
+document's) then fall unevenly on the context-parallel ranks, so each rank weighs its depth loss by its share
+of the whole sequence's kept labels (one all_reduce of D counts): the mean over ranks, which the gradients and
+the reported losses take, is the whole sequence's mean, as on one process.
 
 Under a chunked loss (training.loss_chunk_tokens) the output head is bypassed: the main output and each depth's
 are the hidden states the head would have read, and every head's cross entropy is the chunked one over the head
@@ -24,12 +32,15 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from titan_train.data.chat_dataset import IGNORE_INDEX
+from titan_models.decoder import mtp_targets, shift_document_ids
+from titan_parallel import IGNORE_INDEX
 from titan_train.config import JobConfig
 
+TokenKwargs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """The mean cross entropy of one head's output (logits, or the hidden states a bypassed head read) and labels."""
 
@@ -37,11 +48,20 @@ CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class MTPLoss:
     """loss_fn(logits, labels) for ParallelModel with model.mtp_layers > 0; `attach(model)` once it is built."""
 
-    def __init__(self, config: JobConfig):
+    def __init__(
+        self,
+        config: JobConfig,
+        depths: int,
+        document_kwargs: TokenKwargs | None = None,
+        cp_group: dist.ProcessGroup | None = None,
+    ):
+        """depths: the model's MTP modules; document_kwargs: the trainer's per-token arguments of packed documents
+        (document ids and/or positions; None: one document per row), whose boundaries no shift crosses;
+        cp_group: the context-parallel ranks sharing a sequence (None: each rank holds whole sequences)."""
         t = config.training
+        self.depths, self._document_kwargs, self._cp_group = depths, document_kwargs, cp_group
         self.early, self.late, self.after = t.mtp_loss_weight, t.mtp_loss_weight_late, t.mtp_loss_weight_after
         self.weight = self.early
-        self._model: nn.Module | None = None
         self._asked = False  # the forward running now was asked for the MTP logits by our pre-hook
         self._pending: tuple[list[torch.Tensor], dict] | None = None
         self._taken: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
@@ -50,12 +70,27 @@ class MTPLoss:
         """This loss with each head's cross entropy the chunked one (HeadLoss, the head bypassed)."""
         return functools.partial(self.loss, cross_entropy=cross_entropy)
 
+    def token_kwargs(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's per-token arguments of the whole batch: the documents', and the depths' input tokens."""
+        kwargs = self._document_kwargs(inputs) if self._document_kwargs is not None else {}
+        depths = mtp_targets(inputs, inputs, self.depths, self._documents(kwargs))
+        return {**kwargs, "mtp_inputs": torch.stack([depth.inputs for depth in depths], dim=-1)}
+
+    def loss_labels(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """[bs, seqlen, 1 + D]: the main labels, then each depth's (shifted in the whole batch)."""
+        kwargs = self._document_kwargs(inputs) if self._document_kwargs is not None else {}
+        depths = mtp_targets(inputs, labels, self.depths, self._documents(kwargs))
+        return torch.stack([labels, *(depth.labels for depth in depths)], dim=-1)
+
+    @staticmethod
+    def _documents(kwargs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return shift_document_ids(kwargs.get("positions"), kwargs.get("document_ids"))
+
     def weight_at(self, step: int) -> float:
         """lambda at `step` (1-based): mtp_loss_weight up to mtp_loss_weight_after, then mtp_loss_weight_late."""
         return self.late if 0 < self.after < step else self.early
 
     def attach(self, model: nn.Module) -> None:
-        self._model = model
         model.register_forward_pre_hook(self._ask_for_mtp, with_kwargs=True)
         model.register_forward_hook(self._keep_mtp_logits, with_kwargs=True)
 
@@ -69,22 +104,32 @@ class MTPLoss:
             return None
         self._asked = False
         logits, mtp_logits = output
-        self._pending = (mtp_logits, {k: kwargs.get(k) for k in ("positions", "document_ids")})
+        self._pending = mtp_logits
         return logits
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss(logits, labels, _logits_cross_entropy)
 
     def loss(self, output: torch.Tensor, labels: torch.Tensor, cross_entropy: CrossEntropy) -> torch.Tensor:
-        """main + lambda x mean of the depths' losses, each head's loss `cross_entropy(its output, labels)`."""
-        main = cross_entropy(output, labels)
+        """main + lambda x mean of the depths' losses, each head's loss `cross_entropy(its output, its labels)`;
+        labels as `loss_labels` stacks them."""
+        main = cross_entropy(output, labels[..., 0])
         if self._pending is None:  # evaluation: the plain forward
             return main
-        mtp_logits, kwargs = self._pending
-        self._pending = None
-        depths = self._model.mtp_losses(mtp_logits, labels, **kwargs, cross_entropy=cross_entropy)
+        mtp_outputs, self._pending = self._pending, None
+        depths = [cross_entropy(out, labels[..., k]) for k, out in enumerate(mtp_outputs, start=1)]
+        if self._cp_group is not None:
+            depths = [loss * share for loss, share in zip(depths, self._kept_shares(labels), strict=True)]
         self._taken.append((main.detach(), [loss.detach() for loss in depths]))
         return main + self.weight * torch.stack(depths).mean()
+
+    def _kept_shares(self, labels: torch.Tensor) -> list[float]:
+        """Per depth: this rank's kept labels x context-parallel ranks / the whole sequence's kept labels."""
+        kept = (labels[..., 1:] != IGNORE_INDEX).flatten(0, -2).sum(dim=0)
+        total = kept.clone()
+        dist.all_reduce(total, group=self._cp_group)
+        ranks = dist.get_world_size(self._cp_group)
+        return [local * ranks / max(whole, 1) for local, whole in zip(kept.tolist(), total.tolist(), strict=True)]
 
     def take(self) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """(main loss, [depth 1's loss, ..]) of each training micro-batch since the last call, unscaled."""

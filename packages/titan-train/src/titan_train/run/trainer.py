@@ -24,12 +24,11 @@ from titan_debug import (
 )
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
-from titan_parallel import build_parallel_model, format_applied
+from titan_parallel import IGNORE_INDEX, build_parallel_model, format_applied
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, resolve_layout
 from titan_train.data import build_dataloader
-from titan_train.data.chat_dataset import IGNORE_INDEX
 from titan_train.data.documents import document_kwargs
 from titan_train.data.tokenizer import load_tokenizer
 from titan_train.lora import init_adapters, with_lora
@@ -80,14 +79,20 @@ class Trainer:
         self.replicas = build_replica_groups(config.fault_tolerance, env)
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or None)
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
-        # With multi-token prediction the loss adds the MTP heads' (mtp_loss.py); else the plain cross entropy.
-        self.mtp_loss = MTPLoss(config) if config.model.mtp_layers > 0 else None
+        documents = document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id)
+        # With multi-token prediction the loss adds the MTP heads' (mtp_loss.py), whose inputs and labels are
+        # shifted in the whole batch; else the plain cross entropy.
+        depths = getattr(self.model_args, "mtp_layers", 0)
+        cp_mesh = self.dims.submesh("cp")
+        cp_group = cp_mesh.get_group() if cp_mesh is not None else None
+        self.mtp_loss = MTPLoss(config, depths, documents, cp_group) if depths > 0 else None
         # A dry run decides float8.emulate = "auto" for the device it models, not the CPU it runs on.
         float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
             env.device, loss_fn=self.mtp_loss or cross_entropy, seed=t.seed, converter=with_lora(float8, config.lora),
-            token_kwargs=document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id),
+            token_kwargs=self.mtp_loss.token_kwargs if self.mtp_loss else documents,
+            loss_labels=self.mtp_loss.loss_labels if self.mtp_loss else None,
         )  # fmt: skip
         if self.mtp_loss is not None:
             self.mtp_loss.attach(self.parallel_model.whole_model)

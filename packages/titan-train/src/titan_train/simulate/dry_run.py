@@ -22,7 +22,7 @@ import torch
 
 from titan_debug import DEFAULT_DEVICE, DeviceSpec, OpTrace, SimulatedOutOfMemory, get_device, replay
 from titan_models import get_model_spec
-from titan_parallel.model.layout import DataParallel
+from titan_parallel import DataParallel
 from titan_train.config import ConfigError, JobConfig, to_toml
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, choose_async_tp, resolve_layout, tokens_per_step

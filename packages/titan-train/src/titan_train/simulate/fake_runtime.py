@@ -29,8 +29,8 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
+from titan_parallel import ParallelDims
 from titan_parallel.ep import token_dispatch
-from titan_parallel.mesh.parallel_dims import ParallelDims
 from titan_train.simulate.torch_internals import (
     SCALAR_READS,
     FakeTensor,
