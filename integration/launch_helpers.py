@@ -2,6 +2,7 @@
 process that imported torch once (`run_ranks`: the same variables as under torchrun), as most tests do."""
 
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -155,6 +156,15 @@ def parity_result(out: str, args: list[str], nproc: int | None) -> dict:
     import torch
 
     return torch.load(out)
+
+
+@functools.cache
+def single_process_reference(tmp_root: str, dp: int, options: tuple[str, ...]) -> dict:
+    """parity_result of one plain process accumulating `dp` data ranks' micro-batches (`--emulate-dp`) with
+    `options`: the reference of a parity case, run once per tmp_root and options."""
+    name = hashlib.sha1("\0".join(options).encode()).hexdigest()[:16]  # options can be longer than a file name
+    out = f"{tmp_root}/reference_dp{dp}_{name}.pt"
+    return parity_result(out, ["--emulate-dp", str(dp), *options, "--job.dump_folder", f"{tmp_root}/ref"], nproc=None)
 
 
 def run_script(script: str, args: list[str], nproc: int | None, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -13,13 +13,11 @@ the sequence loss is a sum over layers (pipeline stages); under context parallel
 sequences, so CP is checked with aux_loss_free, whose counts add up over any split.
 """
 
-import functools
-
 import pytest
 import torch
 
 from applied_checks import assert_expert_all_to_all, assert_layout_applied
-from launch_helpers import parity_result, run_script
+from launch_helpers import parity_result, run_script, single_process_reference
 
 MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_len", "64",
          "--training.local_batch_size", "2", "--training.steps", "5", "--metrics.log_freq", "1000",
@@ -75,13 +73,6 @@ CASES = [
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 
 
-@functools.cache
-def reference(dp: int, tmp_root: str, options: tuple[str, ...]) -> dict:
-    out = f"{tmp_root}/reference_dp{dp}_{'_'.join(options)}.pt"
-    return parity_result(out, ["--emulate-dp", str(dp), *MODEL, *options, "--job.dump_folder", f"{tmp_root}/ref"],
-                         nproc=None)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def tmp_root(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("moe_parity"))
@@ -93,7 +84,7 @@ def test_moe_layout_matches_single_process(case_id, world, dp, shared, options, 
     result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
     assert_layout_applied(result["applied"], world, [*shared, *options])
     assert_expert_all_to_all(result["collectives"], options)
-    ref = reference(dp, tmp_root, shared)
+    ref = single_process_reference(tmp_root, dp, (*MODEL, *shared))
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
     assert result["grads"].keys() == ref["grads"].keys()
     assert any(".experts.w1" in name for name in ref["grads"])

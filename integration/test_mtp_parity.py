@@ -10,16 +10,16 @@ against the load summed over data ranks.
 The chunked loss (llama_fsdp2_chunked_loss) computes every head's cross entropy chunk by chunk against the
 reference's plain loss. Expert parallelism dispatches the MTP modules' experts too (deepseek_fsdp2_ep2); tensor
 parallelism (with loss parallel) splits the MTP modules as it splits the blocks (llama_tp2_loss_parallel,
-deepseek_fsdp2_tp2). Pipeline and context parallelism are refused with MTP for now (test_mtp_train.py).
+deepseek_fsdp2_tp2). Context parallelism shifts inputs and labels in the whole sequence before splitting it and
+weighs each rank's depth losses by its share of the kept labels (llama_cp2, deepseek_cp2_documents_aux_free: a
+load-balanced split, packed documents). Pipeline parallelism is refused with MTP for now (test_mtp_train.py).
 """
-
-import functools
 
 import pytest
 import torch
 
 from applied_checks import assert_layout_applied
-from launch_helpers import parity_result
+from launch_helpers import parity_result, single_process_reference
 
 MODEL = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", "5",
          "--metrics.log_freq", "1000", "--model.mtp_layers", "2", "--training.mtp_loss_weight", "0.5",
@@ -53,13 +53,6 @@ CASES = [
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 
 
-@functools.cache
-def reference(dp: int, tmp_root: str, options: tuple[str, ...]) -> dict:
-    out = f"{tmp_root}/reference_dp{dp}_{'_'.join(options).replace('/', '')}.pt"
-    return parity_result(out, ["--emulate-dp", str(dp), *MODEL, *options, "--job.dump_folder", f"{tmp_root}/ref"],
-                         nproc=None)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def tmp_root(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("mtp_parity"))
@@ -70,7 +63,7 @@ def test_mtp_layout_matches_single_process(case_id, world, dp, shared, options, 
     out = f"{tmp_root}/{case_id}.pt"
     result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
     assert_layout_applied(result["applied"], world, [*MODEL, *shared, *options])
-    ref = reference(dp, tmp_root, shared)
+    ref = single_process_reference(tmp_root, dp, (*MODEL, *shared))
     assert [row["mtp_loss_weight"] for row in ref["mtp"]] == [0.5] * 3 + [0.2] * 2
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
     for depth in ("mtp_loss_1", "mtp_loss_2"):
