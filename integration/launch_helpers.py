@@ -158,6 +158,11 @@ def parity_result(out: str, args: list[str], nproc: int | None) -> dict:
     return torch.load(out)
 
 
+def parity_case(tmp_root: str, case_id: str, args: list[str], nproc: int) -> dict:
+    """parity_result of a layout's run with `args` on `nproc` ranks, saved and dumped under tmp_root/case_id."""
+    return parity_result(f"{tmp_root}/{case_id}.pt", [*args, "--job.dump_folder", f"{tmp_root}/{case_id}"], nproc)
+
+
 @functools.cache
 def single_process_reference(tmp_root: str, dp: int, options: tuple[str, ...]) -> dict:
     """parity_result of one plain process accumulating `dp` data ranks' micro-batches (`--emulate-dp`) with

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from applied_checks import assert_expert_all_to_all, assert_layout_applied
-from launch_helpers import parity_result, run_script, single_process_reference
+from launch_helpers import parity_case, run_script, single_process_reference
 
 MODEL = ["--model.name", "qwen3_moe", "--model.flavor", "tiny", "--training.seq_len", "64",
          "--training.local_batch_size", "2", "--training.steps", "5", "--metrics.log_freq", "1000",
@@ -80,8 +80,7 @@ def tmp_root(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("case_id, world, dp, shared, options", CASES, ids=[c[0] for c in CASES])
 def test_moe_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
-    out = f"{tmp_root}/{case_id}.pt"
-    result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
+    result = parity_case(tmp_root, case_id, [*MODEL, *shared, *options], world)
     assert_layout_applied(result["applied"], world, [*shared, *options])
     assert_expert_all_to_all(result["collectives"], options)
     ref = single_process_reference(tmp_root, dp, (*MODEL, *shared))

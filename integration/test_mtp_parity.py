@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from applied_checks import assert_layout_applied
-from launch_helpers import parity_result, single_process_reference
+from launch_helpers import parity_case, single_process_reference
 
 MODEL = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", "5",
          "--metrics.log_freq", "1000", "--model.mtp_layers", "2", "--training.mtp_loss_weight", "0.5",
@@ -60,8 +60,7 @@ def tmp_root(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("case_id, world, dp, shared, options", CASES, ids=[c[0] for c in CASES])
 def test_mtp_layout_matches_single_process(case_id, world, dp, shared, options, tmp_root):
-    out = f"{tmp_root}/{case_id}.pt"
-    result = parity_result(out, [*MODEL, *shared, *options, "--job.dump_folder", f"{tmp_root}/{case_id}"], world)
+    result = parity_case(tmp_root, case_id, [*MODEL, *shared, *options], world)
     assert_layout_applied(result["applied"], world, [*MODEL, *shared, *options])
     ref = single_process_reference(tmp_root, dp, (*MODEL, *shared))
     assert [row["mtp_loss_weight"] for row in ref["mtp"]] == [0.5] * 3 + [0.2] * 2
