@@ -49,16 +49,13 @@ def _with_mtp(args, config: JobConfig):
             f"model.mtp_layers={depths}: model {config.model.name!r} has no multi-token prediction modules; use a "
             "decoder family (llama3, qwen3, qwen3_moe, deepseek_v3) or model.mtp_layers = 0"
         )
-    p = config.parallelism
-    refused = {
-        "pipeline_parallel_degree": "the MTP modules need the embedding on the last stage",
-    }
-    for key, why in refused.items():
-        if getattr(p, key) > 1:
-            raise ConfigError(
-                f"model.mtp_layers={depths} with parallelism.{key}={getattr(p, key)} is not wired yet ({why}); "
-                f"train MTP on one process or with FSDP/HSDP/DDP (parallelism.{key} = 1), or set model.mtp_layers = 0"
-            )
+    stages = config.parallelism.pipeline_parallel_degree
+    if stages > 1:
+        raise ConfigError(
+            f"model.mtp_layers={depths} with parallelism.pipeline_parallel_degree={stages} is not wired yet (the MTP "
+            "modules need the token embedding on the last stage); train MTP without pipeline parallelism "
+            "(FSDP/HSDP/DDP, TP, EP, CP: parallelism.pipeline_parallel_degree = 1), or set model.mtp_layers = 0"
+        )
     return dataclasses.replace(args, mtp_layers=depths)
 
 
