@@ -34,7 +34,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from titan_models.decoder import mtp_targets, shift_document_ids
 from titan_parallel import IGNORE_INDEX
@@ -46,7 +45,7 @@ CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class MTPLoss:
-    """loss_fn(logits, labels) for ParallelModel with model.mtp_layers > 0; `attach(model)` once it is built."""
+    """loss_fn(logits, labels) for ParallelModel with model.mtp_layers > 0; attach(parallel_model) once built."""
 
     def __init__(
         self,
@@ -86,11 +85,33 @@ class MTPLoss:
     def _documents(kwargs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         return shift_document_ids(kwargs.get("positions"), kwargs.get("document_ids"))
 
+    @property
+    def loss_fn(self) -> MTPLoss:
+        return self
+
+    def start_try(self, step: int) -> None:
+        """Before a try at `step` (1-based): lambda for that step; the losses of an earlier try (a redone step)
+        are dropped."""
+        self.weight = self.weight_at(step)
+        self._taken = []
+
+    def reported(self, loss: torch.Tensor, scales: list[float], mean) -> tuple[torch.Tensor, dict[str, float]]:
+        """(the step's main loss, {mtp_loss_1 .., mtp_loss_weight}) from its micro-batches' losses, scaled alike;
+        `loss` (the total) is replaced by the main one; mean(tensor) averages a loss over the ranks."""
+        taken = self.take()
+        metrics = {"mtp_loss_weight": self.weight}
+        for k in range(self.depths):
+            depth = sum(depths[k] * scale for (_, depths), scale in zip(taken, scales, strict=True))
+            metrics[f"mtp_loss_{k + 1}"] = mean(depth)
+        return sum(main * scale for (main, _), scale in zip(taken, scales, strict=True)), metrics
+
     def weight_at(self, step: int) -> float:
         """lambda at `step` (1-based): mtp_loss_weight up to mtp_loss_weight_after, then mtp_loss_weight_late."""
         return self.late if 0 < self.after < step else self.early
 
-    def attach(self, model: nn.Module) -> None:
+    def attach(self, parallel_model) -> None:
+        """Hooks on the built ParallelModel's whole model (MTP trains on layouts that have one)."""
+        model = parallel_model.whole_model
         model.register_forward_pre_hook(self._ask_for_mtp, with_kwargs=True)
         model.register_forward_hook(self._keep_mtp_logits, with_kwargs=True)
 
@@ -108,7 +129,7 @@ class MTPLoss:
         return logits
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(logits, labels, _logits_cross_entropy)
+        return self.loss(logits, labels, cross_entropy)
 
     def loss(self, output: torch.Tensor, labels: torch.Tensor, cross_entropy: CrossEntropy) -> torch.Tensor:
         """main + lambda x mean of the depths' losses, each head's loss `cross_entropy(its output, its labels)`;
@@ -137,5 +158,23 @@ class MTPLoss:
         return taken
 
 
-def _logits_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The plain loss: float32 cross entropy, the mean over labels other than IGNORE_INDEX."""
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+class PlainLoss:
+    """Without multi-token prediction: the same calls as MTPLoss, doing nothing beyond the plain cross entropy, so
+    the training step has no branch on MTP."""
+
+    def __init__(self, document_kwargs: TokenKwargs | None):
+        self.token_kwargs, self.loss_labels, self.loss_fn = document_kwargs, None, cross_entropy
+
+    def attach(self, parallel_model) -> None:
+        pass
+
+    def start_try(self, step: int) -> None:
+        pass
+
+    def reported(self, loss: torch.Tensor, scales: list[float], mean) -> tuple[torch.Tensor, dict[str, float]]:
+        return loss, {}

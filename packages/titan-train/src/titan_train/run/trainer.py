@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from titan_debug import (
     MemorySnapshotter,
@@ -24,7 +23,7 @@ from titan_debug import (
 )
 from titan_float8 import Float8Converter
 from titan_models import get_model_spec
-from titan_parallel import IGNORE_INDEX, build_parallel_model, format_applied
+from titan_parallel import build_parallel_model, format_applied
 from titan_train.config import JobConfig
 from titan_train.config.model_args import model_args
 from titan_train.config.parallel_layout import Layout, resolve_layout
@@ -38,7 +37,7 @@ from titan_train.run.dataloading import training_dataloader_args
 from titan_train.run.distributed import RunEnv, init_distributed, shutdown_distributed
 from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
 from titan_train.run.loss_weights import loss_weights_for
-from titan_train.run.mtp_loss import MTPLoss
+from titan_train.run.mtp_loss import MTPLoss, PlainLoss, cross_entropy  # noqa: F401 (cross_entropy: here before 0.29)
 from titan_train.run.optim import LRSchedulers, Optimizers
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
@@ -46,11 +45,6 @@ from titan_train.run.run_record import RunRecord, record_run
 from titan_train.run.validation import Validator
 
 logger = logging.getLogger("titan")
-
-
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    # The mean over the labels that are not IGNORE_INDEX (chat data's prompt tokens), as the chunked loss's.
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 class Trainer:
@@ -81,21 +75,19 @@ class Trainer:
         self.spec, self.model_args = get_model_spec(config.model.name), model_args(config)
         documents = document_kwargs(config.model.attention_mask, config.model.positions, self.tokenizer.bos_id)
         # With multi-token prediction the loss adds the MTP heads' (mtp_loss.py), whose inputs and labels are
-        # shifted in the whole batch; else the plain cross entropy.
+        # shifted in the whole batch; else the plain cross entropy (PlainLoss: the same calls, doing nothing more).
         depths = getattr(self.model_args, "mtp_layers", 0)
         cp_mesh = self.dims.submesh("cp")
         cp_group = cp_mesh.get_group() if cp_mesh is not None else None
-        self.mtp_loss = MTPLoss(config, depths, documents, cp_group) if depths > 0 else None
+        self.mtp_loss = MTPLoss(config, depths, documents, cp_group) if depths > 0 else PlainLoss(documents)
         # A dry run decides float8.emulate = "auto" for the device it models, not the CPU it runs on.
         float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
             lambda: self.spec.model_cls(self.model_args), self.spec.plan(self.model_args), self.layout,
-            env.device, loss_fn=self.mtp_loss or cross_entropy, seed=t.seed, converter=with_lora(float8, config.lora),
-            token_kwargs=self.mtp_loss.token_kwargs if self.mtp_loss else documents,
-            loss_labels=self.mtp_loss.loss_labels if self.mtp_loss else None,
+            env.device, loss_fn=self.mtp_loss.loss_fn, seed=t.seed, converter=with_lora(float8, config.lora),
+            token_kwargs=self.mtp_loss.token_kwargs, loss_labels=self.mtp_loss.loss_labels,
         )  # fmt: skip
-        if self.mtp_loss is not None:
-            self.mtp_loss.attach(self.parallel_model.whole_model)
+        self.mtp_loss.attach(self.parallel_model)
         self.mtp_metrics: dict[str, float] = {}  # the last step's mtp_loss_1.. and mtp_loss_weight, for metrics
         init_adapters(self.parallel_model.parts, t.seed)  # the model's own init_weights knows no adapters
         if logger.isEnabledFor(logging.DEBUG):
@@ -165,17 +157,16 @@ class Trainer:
         model, accumulation = self.parallel_model, self.layout.accumulation_steps
         self.replicas.start_step()
         batches = [self.next_batch() for _ in range(accumulation)]
-        if self.mtp_loss is not None:
-            self.mtp_loss.weight = self.mtp_loss.weight_at(self.step_count + 1)
         while True:
             self.optimizer.zero_grad(set_to_none=True)
-            if self.mtp_loss is not None:
-                self.mtp_loss.take()  # this try's micro-batches only (a redone step, a forward_backward before)
+            self.mtp_loss.start_try(self.step_count + 1)
             scales = self.loss_weights([labels for _, labels in batches])
             loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
-            loss = self.replicas.average(model.mean_loss(self._main_loss(loss, scales)))
+            # The reported loss is the main one (with MTP forward_backward returns main + lambda x MTP).
+            loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean)
+            loss = self._mean(loss)
             if self.replicas.should_commit():
                 break
             self.replicas.start_step()
@@ -188,17 +179,9 @@ class Trainer:
         self.lr_scheduler.step()
         return loss, grad_norm, lr
 
-    def _main_loss(self, loss: torch.Tensor, scales: list[float]) -> torch.Tensor:
-        """The step's main loss (the reported one; forward_backward returns the total, main + lambda x MTP), and
-        with MTP each depth's loss, averaged alike, into `mtp_metrics`."""
-        if self.mtp_loss is None:
-            return loss
-        taken = self.mtp_loss.take()
-        self.mtp_metrics = {"mtp_loss_weight": self.mtp_loss.weight}
-        for k in range(len(taken[0][1])):
-            depth = sum(depths[k] * scale for (_, depths), scale in zip(taken, scales, strict=True))
-            self.mtp_metrics[f"mtp_loss_{k + 1}"] = self.replicas.average(self.parallel_model.mean_loss(depth))
-        return sum(main * scale for (main, _), scale in zip(taken, scales, strict=True))
+    def _mean(self, loss: torch.Tensor) -> float:
+        """A step's loss averaged over the ranks holding different tokens and the live replica groups."""
+        return self.replicas.average(self.parallel_model.mean_loss(loss))
 
     def train(self) -> list[float]:
         cfg, rank, device = self.config, self.env.rank, self.env.device
