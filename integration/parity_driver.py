@@ -37,12 +37,21 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def full_grads(parts: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     # Frozen parameters (a LoRA base) have no gradient.
     named = [(name, param) for part in parts for name, param in part.named_parameters() if param.grad is not None]
-    return merged_over_ranks({clean_fqn(name): full(param.grad) for name, param in named})
+    return merged_over_ranks({clean_fqn(name): full(param.grad) for name, param in named}, equal_copies=True)
 
 
-def merged_over_ranks(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every rank's entries in one dict (on every rank): pipeline stages hold different parameters."""
-    return {name: tensor for entries in every_rank(tensors) for name, tensor in entries.items()}
+def merged_over_ranks(tensors: dict[str, torch.Tensor], *, equal_copies: bool = False) -> dict[str, torch.Tensor]:
+    """Every rank's entries in one dict (on every rank): pipeline stages hold different parameters. equal_copies: a
+    name several ranks hold (data-parallel replicas, a shared embedding's copies on the first and the last
+    pipeline stage) must hold equal values on each."""
+    merged: dict[str, torch.Tensor] = {}
+    for entries in every_rank(tensors):
+        for name, tensor in entries.items():
+            if equal_copies and name in merged and not torch.equal(merged[name], tensor):
+                difference = (merged[name] - tensor).abs().max().item()
+                raise AssertionError(f"{name}: ranks hold different copies (max difference {difference:.3g})")
+            merged[name] = tensor
+    return merged
 
 
 def every_rank(value) -> list:

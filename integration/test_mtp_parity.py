@@ -12,7 +12,11 @@ reference's plain loss. Expert parallelism dispatches the MTP modules' experts t
 parallelism (with loss parallel) splits the MTP modules as it splits the blocks (llama_tp2_loss_parallel,
 deepseek_fsdp2_tp2). Context parallelism shifts inputs and labels in the whole sequence before splitting it and
 weighs each rank's depth losses by its share of the kept labels (llama_cp2, deepseek_cp2_documents_aux_free: a
-load-balanced split, packed documents). Pipeline parallelism is refused with MTP for now (test_mtp_train.py).
+load-balanced split, packed documents). Pipeline parallelism puts the MTP modules on the last stage with a copy of
+the embedding, whose gradient is summed with the first stage's once per step (titan-parallel's pp/shared_inputs.py):
+point to point between two ranks (llama_pp2_1f1b, deepseek_fsdp2_pp2_interleaved; one rank holding both ends of a V
+schedule: test_tied_embeddings.py). The driver's merge of every rank's gradients refuses copies that differ, and
+the grad norm (which counts the copy once) is compared.
 """
 
 import pytest
@@ -26,6 +30,7 @@ MODEL = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--trai
          "--training.mtp_loss_weight_after", "3", "--training.mtp_loss_weight_late", "0.2"]  # fmt: skip
 LLAMA = ("--model.name", "llama3", "--model.flavor", "tiny")
 # DeepSeek-V3 tiny: the MTP modules' block is an MoE block, like its last; documents packed block-causally.
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule"]
 DEEPSEEK = ("--model.name", "deepseek_v3", "--model.flavor", "tiny", "--moe.load_balance", "sequence_aux_loss",
             "--model.attention_mask", "block_causal", "--model.positions", "document")  # fmt: skip
 # (id, world size, data-parallel degree, options the reference shares, options)
@@ -49,6 +54,8 @@ CASES = [
     ("deepseek_fsdp2_ep2", 2, 2, DEEPSEEK, ["--parallelism.expert_parallel_degree", "2"]),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
                                        "--moe.bias_update_rate", "0.05"), []),
+    ("llama_pp2_1f1b", 2, 1, LLAMA, [*PP2, "1F1B"]),
+    ("deepseek_fsdp2_pp2_interleaved", 4, 2, DEEPSEEK, [*PP2, "Interleaved1F1B"]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 
@@ -65,6 +72,7 @@ def test_mtp_layout_matches_single_process(case_id, world, dp, shared, options, 
     ref = single_process_reference(tmp_root, dp, (*MODEL, *shared))
     assert [row["mtp_loss_weight"] for row in ref["mtp"]] == [0.5] * 3 + [0.2] * 2
     torch.testing.assert_close(result["losses"], ref["losses"], rtol=FP32["loss_rtol"], atol=0)
+    torch.testing.assert_close(result["grad_norms"], ref["grad_norms"], rtol=FP32["grad_rtol"], atol=0)
     for depth in ("mtp_loss_1", "mtp_loss_2"):
         got, want = [row[depth] for row in result["mtp"]], [row[depth] for row in ref["mtp"]]
         torch.testing.assert_close(got, want, rtol=FP32["loss_rtol"], atol=0, msg=depth)

@@ -181,6 +181,16 @@ def test_stage_modules_keep_their_part_and_names():
     torch.testing.assert_close(h, model(inputs), rtol=0, atol=0)
 
 
+def test_the_last_stage_keeps_a_copy_of_shared_input_modules():
+    blocks = split_blocks(pp_toy.block_fqns(), 3)
+    shared = ["tok_embeddings"]
+    parts = build_stage_modules(pp_toy.ToyModel, blocks, [0, 1, 2], pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS, shared)
+    assert [part.tok_embeddings is not None for part in parts] == [True, False, True]
+    assert parts[0].tok_embeddings is not parts[2].tok_embeddings
+    with pytest.raises(ValueError, match=r"shared_input_fqns \['output'\] are not input modules"):
+        build_stage_modules(pp_toy.ToyModel, blocks, [2], pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS, ["output"])
+
+
 def test_stage_modules_from_a_factory_and_only_this_ranks_stages():
     blocks = split_blocks(pp_toy.block_fqns(), 4)
     parts = build_stage_modules(pp_toy.ToyModel, blocks, (1, 2), pp_toy.INPUT_FQNS, pp_toy.OUTPUT_FQNS)

@@ -130,13 +130,13 @@ def test_chunked_loss_computes_every_head_as_the_plain_loss(tmp_path, gradients)
 @pytest.mark.parametrize(
     "argv, world, message",
     [
-        (["--parallelism.pipeline_parallel_degree", "2"], 2,
-         "model.mtp_layers=1 with parallelism.pipeline_parallel_degree=2 is not wired yet"),
         (["--model.mtp_layers", "-1"], 1, "model.mtp_layers=-1 must be >= 0"),
+        (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"], 2,
+         "schedule='ZBVZeroBubble': that schedule splits each backward into an input and a weight pass"),
         (["--model.name", "hyena", "--model.flavor", "tiny"], 1, "model 'hyena' has no multi-token prediction"),
     ],
 )  # fmt: skip
-def test_layouts_not_wired_yet_are_refused_naming_the_key(tmp_path, argv, world, message):
+def test_bad_mtp_settings_are_refused_naming_the_key(tmp_path, argv, world, message):
     with pytest.raises(ConfigError) as error:
         resolve_layout(config_of(tmp_path, *argv), world)
     assert message in str(error.value)

@@ -28,6 +28,10 @@ class ModelPlan:
     options such as loss_parallel. Styles are torch ParallelStyles or styles declared as data
     (`titan_models.tp_styles.ChannelShard`), which titan_parallel.apply_tp recognizes by duck typing
     (`parallel_style == "channel_shard"` plus a `sharded` tuple)."""
+    shared_input_fqns: list[str] = field(default_factory=list)
+    """Input modules the last pipeline stage uses too (a subset of input_fqns), e.g. "tok_embeddings" for the
+    multi-token prediction modules, which embed shifted tokens, or for an output projection tied to it. The last
+    stage holds a copy, drawn alike; a pipeline sums the two copies' gradients once per step, so they stay equal."""
     tp_divisible: dict[str, int] = field(default_factory=dict)
     """Sizes the tensor-parallel degree must divide, by their names in the model's args (e.g. {"n_heads": 16})."""
     attention_fqns: list[str] = field(default_factory=list)

@@ -267,8 +267,19 @@ def test_adapter_can_be_built_from_plain_data():
     assert from_config.hf_config() == from_flavor.hf_config() == hf_config(args)
 
 
-def test_a_pipeline_stage_holding_one_of_the_tied_modules_is_refused(build):
+def test_a_pipeline_stage_holding_the_tied_head_without_the_embedding_is_refused(build):
     model = build("tiny", tie_word_embeddings=True)
-    model.output = None  # what a pipeline split does to the first stage
-    with pytest.raises(ValueError, match="tie_word_embeddings=True needs the token embedding and the output"):
+    model.tok_embeddings = None  # a last stage without the copy of the embedding the plan shares with it
+    with pytest.raises(ValueError, match="tie_word_embeddings=True needs the token embedding beside the output"):
         model.init_weights(seed=0)
+
+
+def test_pipeline_stages_of_a_tied_model_draw_the_matrix_alike(build):
+    # The first stage holds the embedding alone, the last a copy beside the head (decoder_plan's shared_input_fqns).
+    first, last, whole = (build("tiny", tie_word_embeddings=True) for _ in range(3))
+    first.output = None
+    for model in (first, last, whole):
+        model.init_weights(seed=0)
+    assert last.output.weight is last.tok_embeddings.weight
+    torch.testing.assert_close(first.tok_embeddings.weight, whole.tok_embeddings.weight, rtol=0, atol=0)
+    torch.testing.assert_close(last.output.weight, whole.output.weight, rtol=0, atol=0)

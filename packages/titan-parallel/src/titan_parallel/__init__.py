@@ -60,7 +60,7 @@ from titan_parallel.optim.muon import Muon
 from titan_parallel.options.option_names import option_names
 from titan_parallel.params.stored_params import sharded_params
 from titan_parallel.pp.pipeline import Pipeline, build_pipeline
-from titan_parallel.pp.pipeline_plan import SCHEDULES, PipelinePlan, plan_pipeline
+from titan_parallel.pp.pipeline_plan import SCHEDULES, ZERO_BUBBLE, PipelinePlan, plan_pipeline
 from titan_parallel.tp.async_tensor_parallel import IMPLEMENTATIONS as ASYNC_TP_IMPLEMENTATIONS
 from titan_parallel.tp.async_tensor_parallel import (
     AsyncColwiseParallel,
@@ -102,6 +102,7 @@ __all__ = [
     "PipelinePlan",
     "RingAttention",
     "SCHEDULES",
+    "ZERO_BUBBLE",
     "SIMPLE_FSDP_MODES",
     "SimpleFSDPOptions",
     "apply_ac",

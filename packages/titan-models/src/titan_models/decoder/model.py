@@ -26,8 +26,10 @@ class Decoder(nn.Module):
     """The decoder: token embedding -> n_layers x TransformerBlock -> RMSNorm -> output projection.
 
     Pipeline stages delete what they do not own: entries of `layers` (a ModuleDict keyed "0".."n-1", so
-    the remaining keys keep their global numbers) and `tok_embeddings` / `norm` / `output` set to None.
-    Without tok_embeddings the input is already hidden states; without output the result is.
+    the remaining keys keep their global numbers) and `tok_embeddings` / `norm` / `output` / `mtp` set to None.
+    A stage after the first is given hidden states (floating point), not token ids; the last stage may still hold
+    the embedding, for the MTP modules or a tied output projection (the plan's shared_input_fqns). Without
+    output the result is hidden states.
 
     `routing` is the model's RoutingLedger (titan_models.moe) when its args declare a mixture of experts, None
     otherwise: the auxiliary loss, the expert loads and the routing statistics a trainer reads.
@@ -63,14 +65,14 @@ class Decoder(nn.Module):
         give each module a tensor of its own (TP shards both alike, over the vocabulary)."""
         if not self.args.tie_word_embeddings:
             return
-        if (self.tok_embeddings is None) != (self.output is None):
-            # A pipeline split put them in different stages: each stage would train its own copy.
+        if self.output is not None and self.tok_embeddings is None:
+            # A pipeline split that dropped the embedding from the last stage: the head would be a matrix of its own.
             raise ValueError(
-                "Llama3Args.tie_word_embeddings=True needs the token embedding and the output projection in "
-                "one pipeline stage, but this part holds only one of them; train a tied model without pipeline "
-                "parallelism (parallelism.pipeline_parallel_degree = 1)"
+                "Llama3Args.tie_word_embeddings=True needs the token embedding beside the output projection, but "
+                "this part holds only the projection; a pipeline keeps a copy of the embedding on the last stage "
+                "(the plan's shared_input_fqns)"
             )
-        if self.tok_embeddings is not None:
+        if self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
     def set_positions(self, positions: torch.Tensor | None) -> None:
@@ -119,7 +121,7 @@ class Decoder(nn.Module):
         return_mtp: bool = False,
         mtp_inputs: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states when tok_embeddings is None.
+        """tokens: [bs, seqlen] ids, or [bs, seqlen, dim] hidden states (a pipeline stage after the first).
 
         positions: optional global positions, [seqlen] or [bs, seqlen], for when this rank holds a slice of
         the sequence (context parallelism) or positions restart per document; RoPE follows them. None means
@@ -127,16 +129,16 @@ class Decoder(nn.Module):
         document_ids: optional [bs, seqlen] document of each token (packed sequences): attention is then
         block-causal, a token attends only to earlier tokens of its own document.
         return_mtp: also return the MTP modules' logits, one [bs, seqlen, vocab_size] per depth (depth k at
-        position t predicts token t + 1 + k; `mtp_losses` gives their losses). Needs mtp_layers > 0 and the whole
-        model (embedding, modules and output head) in this part.
+        position t predicts token t + 1 + k; `mtp_losses` gives their losses). Needs mtp_layers > 0 and the
+        embedding, the modules and the output head in this part (the whole model, or the last pipeline stage).
         mtp_inputs: optional [bs, seqlen, mtp_layers] input tokens of the depths (`mtp_targets(...)[k - 1].inputs`
         in column k - 1), for a caller that shifts the whole sequence before splitting it (context parallelism:
-        a rank's last positions read tokens another rank holds); None: shifted here from `tokens`. Read only
-        with return_mtp.
+        a rank's last positions read tokens another rank holds) and for the last pipeline stage, which is given
+        hidden states; None: shifted here from `tokens`. Read only with return_mtp.
         Returns logits [bs, seqlen, vocab_size], or hidden states when output is None; with return_mtp,
         (logits, [mtp logits of depth 1, .., D]).
         """
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h = tokens if tokens.is_floating_point() else self.tok_embeddings(tokens)
         positions = self.positions if positions is None else positions
         freqs_cis = self.freqs_cis if positions is None else self.freqs_cis[positions]
         routings = []
@@ -167,6 +169,11 @@ class Decoder(nn.Module):
                 "the token embedding, the MTP modules and the output head in this model part"
             )
         if mtp_inputs is None:
+            if tokens.is_floating_point():
+                raise ValueError(
+                    "Decoder.forward(return_mtp=True) on hidden states (a pipeline stage after the first) needs "
+                    "mtp_inputs, the depths' input tokens shifted from the token ids (MTP's mtp_targets)"
+                )
             depths = mtp_targets(tokens, tokens, len(self.mtp), shift_document_ids(positions, document_ids))
             mtp_inputs = torch.stack([depth.inputs for depth in depths], dim=-1)
         hiddens, routings = [], []

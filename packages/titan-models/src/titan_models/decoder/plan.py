@@ -146,7 +146,9 @@ def decoder_plan(args: DecoderArgs) -> ModelPlan:
     return ModelPlan(
         block_fqns=[f"layers.{i}" for i in range(args.n_layers)],
         input_fqns=["tok_embeddings"],
-        output_fqns=["norm", "output"],
+        output_fqns=["norm", "output", *(["mtp"] if args.mtp_layers else [])],
+        # The MTP modules embed shifted tokens; a tied output projection is the embedding.
+        shared_input_fqns=["tok_embeddings"] if args.mtp_layers or args.tie_word_embeddings else [],
         head_fqn="output",
         tp_plan=partial(decoder_tp_plan, args),
         # The MTP modules' blocks attend over the sequence too (context parallelism's ring).

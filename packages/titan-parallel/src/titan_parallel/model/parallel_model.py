@@ -136,6 +136,7 @@ def build_parallel_model(
         pipeline = build_pipeline(
             model, layout.pipeline, dims.submesh("pp"), device, head_loss,
             input_fqns=plan.input_fqns, output_fqns=plan.output_fqns, parallelize_stage=parallelize,
+            shared_input_fqns=getattr(plan, "shared_input_fqns", []),
         )  # fmt: skip
         parts = pipeline.model_parts
     head_loss.attach(parts)
@@ -309,9 +310,14 @@ class ParallelModel:
         return loss.item() / self._loss_mesh.size()
 
     def clip_grad_norm_(self, max_norm: float | None) -> float:
-        """Clip to `max_norm` (None or 0: measure only) over every mesh; returns the total norm."""
-        group = self._pipeline.group if self._pipeline is not None else None
-        return clip_grad_norm_(self.parameters(), max_norm or math.inf, pp_group=group).item()
+        """Clip to `max_norm` (None or 0: measure only) over every mesh; returns the total norm. The step's
+        gradients are complete here: call once per step, after its backward passes. With pipeline stages that
+        share input modules (the embedding, for MTP or a tied head) their copies get the summed gradient first."""
+        if self._pipeline is None:
+            return clip_grad_norm_(self.parameters(), max_norm or math.inf).item()
+        uncounted = self._pipeline.sum_shared_gradients()
+        group = self._pipeline.group
+        return clip_grad_norm_(self.parameters(), max_norm or math.inf, pp_group=group, uncounted=uncounted).item()
 
     def after_optimizer_step(self) -> RoutingReport | None:
         """Float8 scales and such (the converter's), then mixture-of-experts balancing: the step's tokens per

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_parallel.pp.pipeline_plan import SCHEDULES, PipelinePlan, check_schedule_support, schedule_name
 from titan_parallel.pp.pipeline_split import build_stage_modules
+from titan_parallel.pp.shared_inputs import SharedInputs
 
 
 def build_pipeline(
@@ -39,21 +40,27 @@ def build_pipeline(
     input_fqns: list[str],
     output_fqns: list[str],
     parallelize_stage: Callable[[nn.Module], nn.Module | None],
+    shared_input_fqns: list[str] = (),
 ) -> "Pipeline":
     """This rank's stages of `model` (normally on the meta device), each passed through `parallelize_stage`
     (which applies the other parallelisms and materializes it), under `plan`'s schedule.
 
     A stage is a copy of `model` without the blocks and input/output modules it does not own, so its
     parameter names (and checkpoint keys) are the plain model's. `loss_fn(output, target)` is the plain
-    model's loss, a mean over one microbatch.
+    model's loss, a mean over one microbatch. `shared_input_fqns`: input modules the last stage holds a copy of
+    (shared_inputs.py).
     """
     stage_ids = plan.stage_ids(pp_mesh.get_local_rank())
-    parts = build_stage_modules(model, plan.stage_blocks, stage_ids, input_fqns, output_fqns)
+    parts = build_stage_modules(model, plan.stage_blocks, stage_ids, input_fqns, output_fqns, shared_input_fqns)
     for part in parts:
         parallelize_stage(part)
-    return wrap_stages(
+    pipeline = wrap_stages(
         parts, stage_ids, plan.num_stages, pp_mesh.get_group(), device, plan.schedule, plan.n_microbatches, loss_fn
     )
+    pipeline.shared_inputs = SharedInputs(
+        parts, stage_ids, plan.num_stages, list(shared_input_fqns), pipeline.group, pipeline.last_stage_rank
+    )
+    return pipeline
 
 
 class _ScaledLoss:
@@ -92,6 +99,8 @@ class Pipeline:
     last_stage_rank: int
     """Rank in `group` that holds the last stage, where the loss is computed."""
     loss_fn: _ScaledLoss
+    shared_inputs: SharedInputs | None = None
+    """The copies of input modules the first and the last stage both hold (build_pipeline's shared_input_fqns)."""
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -123,6 +132,15 @@ class Pipeline:
                         steps.append((part.stage_index, kind, part.microbatch_index))
             order[rank] = steps
         return order
+
+    def sum_shared_gradients(self) -> set[int]:
+        """Once per step, after the backward passes: the copies of shared input modules get their summed gradient
+        (shared_inputs.py). Returns the ids of the parameters the gradient norm leaves out (the last stage's
+        copies). A collective of the first and the last stage's ranks."""
+        if self.shared_inputs is None:
+            return set()
+        self.shared_inputs.sum_gradients()
+        return self.shared_inputs.uncounted
 
     def gather(self, value: float) -> list[float]:
         """`value` from every pipeline rank, in rank order: e.g. each stage's peak memory for one log line.

@@ -87,13 +87,18 @@ def build_stage_modules(
     stage_ids: list[int] | tuple[int, ...],
     input_fqns: list[str],
     output_fqns: list[str],
+    shared_input_fqns: list[str] = (),
 ) -> list[nn.Module]:
     """The modules of the stages `stage_ids` (this rank's), one per id, in that order.
 
     `model` is the whole model, normally on the meta device (deep-copied per stage), or a zero-argument
     factory called once per stage. Stage i keeps the blocks `stage_blocks[i]`; the first stage also keeps
-    `input_fqns`, the last `output_fqns`. Blocks must live in an `nn.ModuleDict`.
+    `input_fqns`, the last `output_fqns` and a copy of `shared_input_fqns` (input modules it uses too: their
+    gradients are summed with the first stage's, shared_inputs.py). Blocks must live in an `nn.ModuleDict`.
     """
+    unknown = sorted(set(shared_input_fqns) - set(input_fqns))
+    if unknown:
+        raise ValueError(f"shared_input_fqns {unknown} are not input modules ({input_fqns}); share input modules only")
     num_stages = len(stage_blocks)
     for stage_id in stage_ids:
         if not 0 <= stage_id < num_stages:
@@ -106,7 +111,9 @@ def build_stage_modules(
         for fqn in every_block:
             if fqn not in keep:
                 _delete_block(part, fqn)
-        drop = ([] if stage_id == 0 else input_fqns) + ([] if stage_id == num_stages - 1 else output_fqns)
+        last = stage_id == num_stages - 1
+        inputs = [] if stage_id == 0 else [fqn for fqn in input_fqns if not (last and fqn in shared_input_fqns)]
+        drop = inputs + ([] if last else output_fqns)
         for fqn in drop:
             parent, _, name = fqn.rpartition(".")
             setattr(part.get_submodule(parent), name, None)

@@ -8,6 +8,7 @@ import functools
 import logging
 
 from titan_models import get_model_spec
+from titan_parallel import ZERO_BUBBLE
 from titan_train.config.loader import ConfigError
 from titan_train.config.sections import JobConfig
 
@@ -28,7 +29,7 @@ def _with_depth(args, n_layers: int):
 
 def _with_mtp(args, config: JobConfig):
     """model.mtp_layers into the args (DecoderArgs.mtp_layers): "auto" keeps the flavor's (a Hugging Face folder's
-    MTP layers); refused where it is not trained yet."""
+    MTP layers); refused for a model without MTP modules."""
     depths, flavors = config.model.mtp_layers, getattr(args, "mtp_layers", 0)
     if depths == "auto":
         depths = flavors
@@ -49,12 +50,13 @@ def _with_mtp(args, config: JobConfig):
             f"model.mtp_layers={depths}: model {config.model.name!r} has no multi-token prediction modules; use a "
             "decoder family (llama3, qwen3, qwen3_moe, deepseek_v3) or model.mtp_layers = 0"
         )
-    stages = config.parallelism.pipeline_parallel_degree
-    if stages > 1:
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if config.parallelism.pipeline_parallel_degree > 1 and schedule.lower() in {s.lower() for s in ZERO_BUBBLE}:
+        # torch's weight pass starts from the stage's inputs; the MTP embedding reads token ids, not those.
         raise ConfigError(
-            f"model.mtp_layers={depths} with parallelism.pipeline_parallel_degree={stages} is not wired yet (the MTP "
-            "modules need the token embedding on the last stage); train MTP without pipeline parallelism "
-            "(FSDP/HSDP/DDP, TP, EP, CP: parallelism.pipeline_parallel_degree = 1), or set model.mtp_layers = 0"
+            f"model.mtp_layers={depths} with parallelism.pipeline_parallel_schedule={schedule!r}: that schedule "
+            "splits each backward into an input and a weight pass, and torch's weight pass cannot reach the MTP "
+            "modules' embedding of shifted tokens on the last stage; use 1F1B, Interleaved1F1B or GPipe"
         )
     return dataclasses.replace(args, mtp_layers=depths)
 

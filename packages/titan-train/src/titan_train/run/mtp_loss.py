@@ -2,10 +2,10 @@
 entropy + lambda x the mean over depths of each depth's cross entropy.
 
 ParallelModel calls the model with the batch's token arguments and hands its output to a loss function of
-(logits, labels); it knows nothing of MTP. So the MTP heads join through two hooks on the model (the whole
-model: one process or FSDP/HSDP/DDP, where the root module is the Decoder): a forward pre-hook asks for
-`return_mtp=True` while gradients are on (training; evaluation under no_grad keeps the plain forward and the
-plain loss), and a forward hook keeps the MTP logits aside and passes the main logits on. Under FSDP2 the root's
+(logits, labels); it knows nothing of MTP. So the MTP heads join through two hooks on the part holding them (the
+whole model, or the last pipeline stage, where the schedule calls the loss after each forward): a forward pre-hook
+asks for `return_mtp=True` while gradients are on (training; evaluation under no_grad keeps the plain forward and
+the plain loss), and a forward hook keeps the MTP logits aside and passes the main logits on. Under FSDP2 the root's
 own hooks were registered first, so its post-forward hook has seen the whole output (the MTP logits included)
 before ours strips it.
 
@@ -24,11 +24,19 @@ are the hidden states the head would have read, and every head's cross entropy i
 
 The step's reported loss stays the main loss (comparable with validation and runs without MTP): `take()` hands
 the trainer each micro-batch's main and per-depth losses.
+
+Pipeline parallelism: the MTP modules sit on the last stage with a copy of the embedding (titan-parallel sums its
+gradient with the first stage's), the schedule calls the loss once per micro-batch there, and the other stages'
+ranks receive the reported figures from it. torch's schedule also calls the loss on made-up inputs (its metadata
+inference: before the first step, and after each switch between training and evaluation) ahead of the
+micro-batches of that call; each ParallelModel call's losses are kept apart (token_kwargs marks a new one) and
+only its last `micro_batches` count.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -40,6 +48,8 @@ from titan_parallel import IGNORE_INDEX
 from titan_train.config import JobConfig
 
 TokenKwargs = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+Entry = tuple[torch.Tensor, list[torch.Tensor]]
+"""One loss call's main loss and each depth's, detached."""
 CrossEntropy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """The mean cross entropy of one head's output (logits, or the hidden states a bypassed head read) and labels."""
 
@@ -53,24 +63,29 @@ class MTPLoss:
         depths: int,
         document_kwargs: TokenKwargs | None = None,
         cp_group: dist.ProcessGroup | None = None,
+        micro_batches: int = 1,
     ):
         """depths: the model's MTP modules; document_kwargs: the trainer's per-token arguments of packed documents
         (document ids and/or positions; None: one document per row), whose boundaries no shift crosses;
-        cp_group: the context-parallel ranks sharing a sequence (None: each rank holds whole sequences)."""
+        cp_group: the context-parallel ranks sharing a sequence (None: each rank holds whole sequences);
+        micro_batches: the loss calls of one ParallelModel call (a pipeline schedule's micro-batches)."""
         t = config.training
         self.depths, self._document_kwargs, self._cp_group = depths, document_kwargs, cp_group
         self.early, self.late, self.after = t.mtp_loss_weight, t.mtp_loss_weight_late, t.mtp_loss_weight_after
         self.weight = self.early
         self._asked = False  # the forward running now was asked for the MTP logits by our pre-hook
         self._pending: tuple[list[torch.Tensor], dict] | None = None
-        self._taken: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        self.micro_batches = micro_batches
+        self._calls: list[list[Entry]] = []  # per ParallelModel call, (main, depths' losses) of each loss call
 
     def over_chunked_head(self, cross_entropy: CrossEntropy) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """This loss with each head's cross entropy the chunked one (HeadLoss, the head bypassed)."""
         return functools.partial(self.loss, cross_entropy=cross_entropy)
 
     def token_kwargs(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The model's per-token arguments of the whole batch: the documents', and the depths' input tokens."""
+        """The model's per-token arguments of the whole batch: the documents', and the depths' input tokens.
+        ParallelModel asks once per call, before the forward: the losses that follow are this call's."""
+        self._calls.append([])
         kwargs = self._document_kwargs(inputs) if self._document_kwargs is not None else {}
         depths = mtp_targets(inputs, inputs, self.depths, self._documents(kwargs))
         return {**kwargs, "mtp_inputs": torch.stack([depth.inputs for depth in depths], dim=-1)}
@@ -93,27 +108,41 @@ class MTPLoss:
         """Before a try at `step` (1-based): lambda for that step; the losses of an earlier try (a redone step)
         are dropped."""
         self.weight = self.weight_at(step)
-        self._taken = []
+        self._calls = []
 
-    def reported(self, loss: torch.Tensor, scales: list[float], mean) -> tuple[torch.Tensor, dict[str, float]]:
+    def reported(
+        self, loss: torch.Tensor, scales: list[float], mean, over_stages: Callable[[float], list[float]]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """(the step's main loss, {mtp_loss_1 .., mtp_loss_weight}) from its micro-batches' losses, scaled alike;
-        `loss` (the total) is replaced by the main one; mean(tensor) averages a loss over the ranks."""
-        taken = self.take()
+        `loss` (the total) is replaced by the main one; mean(tensor) averages a loss over the ranks;
+        over_stages(value) gathers a value from every pipeline rank (ParallelModel.gather_over_stages): a pipeline
+        computes the losses on its last stage only, one per micro-batch of its schedule."""
+        calls = self._take_calls()
+        heads = []  # the main loss, then each depth's: the mean over a call's entries, scaled and summed over calls
+        for head in range(1 + self.depths):
+            value = math.nan
+            if any(calls):  # none off a pipeline's last stage
+                means = [torch.stack([_head_loss(entry, head) for entry in call]).mean() for call in calls]
+                value = sum(scale * call_mean for call_mean, scale in zip(means, scales, strict=True)).item()
+            known = [v for v in over_stages(value) if not math.isnan(v)]
+            heads.append(torch.tensor(known[0] if known else math.nan, device=loss.device))
         metrics = {"mtp_loss_weight": self.weight}
-        for k in range(self.depths):
-            depth = sum(depths[k] * scale for (_, depths), scale in zip(taken, scales, strict=True))
-            metrics[f"mtp_loss_{k + 1}"] = mean(depth)
-        return sum(main * scale for (main, _), scale in zip(taken, scales, strict=True)), metrics
+        for k in range(1, 1 + self.depths):
+            metrics[f"mtp_loss_{k}"] = mean(heads[k])
+        return heads[0], metrics
 
     def weight_at(self, step: int) -> float:
         """lambda at `step` (1-based): mtp_loss_weight up to mtp_loss_weight_after, then mtp_loss_weight_late."""
         return self.late if 0 < self.after < step else self.early
 
     def attach(self, parallel_model) -> None:
-        """Hooks on the built ParallelModel's whole model (MTP trains on layouts that have one)."""
-        model = parallel_model.whole_model
-        model.register_forward_pre_hook(self._ask_for_mtp, with_kwargs=True)
-        model.register_forward_hook(self._keep_mtp_logits, with_kwargs=True)
+        """Hooks on the built ParallelModel's part that holds the MTP modules: the whole model, or the last
+        pipeline stage (which keeps a copy of the embedding for them, its gradient summed with the first stage's
+        by titan-parallel)."""
+        for part in parallel_model.parts:
+            if getattr(part, "mtp", None) is not None:
+                part.register_forward_pre_hook(self._ask_for_mtp, with_kwargs=True)
+                part.register_forward_hook(self._keep_mtp_logits, with_kwargs=True)
 
     def _ask_for_mtp(self, module, args, kwargs):
         # A caller that asks for return_mtp itself gets the model's own output, untouched.
@@ -141,7 +170,7 @@ class MTPLoss:
         depths = [cross_entropy(out, labels[..., k]) for k, out in enumerate(mtp_outputs, start=1)]
         if self._cp_group is not None:
             depths = [loss * share for loss, share in zip(depths, self._kept_shares(labels), strict=True)]
-        self._taken.append((main.detach(), [loss.detach() for loss in depths]))
+        self._calls[-1].append((main.detach(), [loss.detach() for loss in depths]))
         return main + self.weight * torch.stack(depths).mean()
 
     def _kept_shares(self, labels: torch.Tensor) -> list[float]:
@@ -152,15 +181,25 @@ class MTPLoss:
         ranks = dist.get_world_size(self._cp_group)
         return [local * ranks / max(whole, 1) for local, whole in zip(kept.tolist(), total.tolist(), strict=True)]
 
-    def take(self) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    def take(self) -> list[Entry]:
         """(main loss, [depth 1's loss, ..]) of each training micro-batch since the last call, unscaled."""
-        taken, self._taken = self._taken, []
-        return taken
+        return [entry for call in self._take_calls() for entry in call]
+
+    def _take_calls(self) -> list[list[Entry]]:
+        """Per training call since the last take, its micro-batches' entries (torch's metadata inference dropped)."""
+        calls, self._calls = self._calls, []
+        return [call[-self.micro_batches :] for call in calls if call]
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The plain loss: float32 cross entropy, the mean over labels other than IGNORE_INDEX."""
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def _head_loss(entry: Entry, head: int) -> torch.Tensor:
+    """An entry of MTPLoss.take(): head 0 the main loss, head k depth k's."""
+    main, depths = entry
+    return main if head == 0 else depths[head - 1]
 
 
 class PlainLoss:
@@ -176,5 +215,5 @@ class PlainLoss:
     def start_try(self, step: int) -> None:
         pass
 
-    def reported(self, loss: torch.Tensor, scales: list[float], mean) -> tuple[torch.Tensor, dict[str, float]]:
+    def reported(self, loss: torch.Tensor, scales: list[float], mean, over_stages) -> tuple[torch.Tensor, dict]:
         return loss, {}

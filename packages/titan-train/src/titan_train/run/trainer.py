@@ -79,7 +79,10 @@ class Trainer:
         depths = getattr(self.model_args, "mtp_layers", 0)
         cp_mesh = self.dims.submesh("cp")
         cp_group = cp_mesh.get_group() if cp_mesh is not None else None
-        self.mtp_loss = MTPLoss(config, depths, documents, cp_group) if depths > 0 else PlainLoss(documents)
+        micro_batches = self.layout.pipeline.n_microbatches if self.layout.pipeline is not None else 1
+        self.mtp_loss = (
+            MTPLoss(config, depths, documents, cp_group, micro_batches) if depths > 0 else PlainLoss(documents)
+        )
         # A dry run decides float8.emulate = "auto" for the device it models, not the CPU it runs on.
         float8 = Float8Converter(config.float8, env.modelled_device_type, device=env.modelled_device_type or env.device)
         self.parallel_model = build_parallel_model(
@@ -165,7 +168,7 @@ class Trainer:
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
             # The reported loss is the main one (with MTP forward_backward returns main + lambda x MTP).
-            loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean)
+            loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean, model.gather_over_stages)
             loss = self._mean(loss)
             if self.replicas.should_commit():
                 break

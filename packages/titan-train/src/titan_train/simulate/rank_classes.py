@@ -16,8 +16,7 @@ a class, as `every_pipeline_rank=True` makes it for any schedule.
 
 from dataclasses import dataclass
 
-from titan_parallel import Layout
-from titan_parallel.pp.pipeline_plan import SCHEDULES, ZERO_BUBBLE
+from titan_parallel import SCHEDULES, ZERO_BUBBLE, Layout
 
 
 @dataclass(frozen=True)
