@@ -328,6 +328,11 @@ class ParallelModel:
             return None
         return balance_experts(self.parts, self._loss_mesh, self.gather_over_stages)
 
+    def from_last_stage(self, value: float) -> float:
+        """`value` as the rank holding the pipeline's last stage has it (a figure of the loss there); `value`
+        itself without pipelining. A collective on the pipeline group: every pipeline rank calls it."""
+        return self._pipeline.from_last_stage(value) if self._pipeline is not None else value
+
     def gather_over_stages(self, value: float) -> list[float]:
         """`value` from every pipeline rank, in rank order ([value] without pipelining). A collective on the
         pipeline group: every pipeline rank calls it, so never only on some ranks (e.g. in a log branch)."""

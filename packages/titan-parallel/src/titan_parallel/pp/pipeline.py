@@ -142,6 +142,13 @@ class Pipeline:
         self.shared_inputs.sum_gradients()
         return self.shared_inputs.uncounted
 
+    def from_last_stage(self, value: float) -> float:
+        """`value` as the rank holding the last stage has it (what the loss computes there): broadcast, as the
+        loss is. A collective: every pipeline rank calls it."""
+        tensor = torch.tensor(float(value), dtype=torch.float32, device=self.stages[0].device)
+        dist.broadcast(tensor, group=self.group, group_src=self.last_stage_rank)
+        return tensor.item()
+
     def gather(self, value: float) -> list[float]:
         """`value` from every pipeline rank, in rank order: e.g. each stage's peak memory for one log line.
         A collective: every pipeline rank calls it."""

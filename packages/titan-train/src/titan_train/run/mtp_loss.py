@@ -36,7 +36,6 @@ only its last `micro_batches` count.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import torch
@@ -111,21 +110,20 @@ class MTPLoss:
         self._calls = []
 
     def reported(
-        self, loss: torch.Tensor, scales: list[float], mean, over_stages: Callable[[float], list[float]]
+        self, loss: torch.Tensor, scales: list[float], mean, from_last_stage: Callable[[float], float]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """(the step's main loss, {mtp_loss_1 .., mtp_loss_weight}) from its micro-batches' losses, scaled alike;
         `loss` (the total) is replaced by the main one; mean(tensor) averages a loss over the ranks;
-        over_stages(value) gathers a value from every pipeline rank (ParallelModel.gather_over_stages): a pipeline
-        computes the losses on its last stage only, one per micro-batch of its schedule."""
+        from_last_stage(value): the value as a pipeline's last stage computed it (ParallelModel.from_last_stage),
+        where the losses are, one per micro-batch of its schedule."""
         calls = self._take_calls()
         heads = []  # the main loss, then each depth's: the mean over a call's entries, scaled and summed over calls
         for head in range(1 + self.depths):
-            value = math.nan
-            if any(calls):  # none off a pipeline's last stage
+            value = 0.0  # off a pipeline's last stage, which holds none
+            if calls:
                 means = [torch.stack([_head_loss(entry, head) for entry in call]).mean() for call in calls]
                 value = sum(scale * call_mean for call_mean, scale in zip(means, scales, strict=True)).item()
-            known = [v for v in over_stages(value) if not math.isnan(v)]
-            heads.append(torch.tensor(known[0] if known else math.nan, device=loss.device))
+            heads.append(torch.tensor(from_last_stage(value), device=loss.device))
         metrics = {"mtp_loss_weight": self.weight}
         for k in range(1, 1 + self.depths):
             metrics[f"mtp_loss_{k}"] = mean(heads[k])
@@ -215,5 +213,5 @@ class PlainLoss:
     def start_try(self, step: int) -> None:
         pass
 
-    def reported(self, loss: torch.Tensor, scales: list[float], mean, over_stages) -> tuple[torch.Tensor, dict]:
+    def reported(self, loss: torch.Tensor, scales: list[float], mean, from_last_stage) -> tuple[torch.Tensor, dict]:
         return loss, {}

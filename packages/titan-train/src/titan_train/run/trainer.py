@@ -168,7 +168,7 @@ class Trainer:
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
             # The reported loss is the main one (with MTP forward_backward returns main + lambda x MTP).
-            loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean, model.gather_over_stages)
+            loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean, model.from_last_stage)
             loss = self._mean(loss)
             if self.replicas.should_commit():
                 break
