@@ -60,4 +60,3 @@ def test_tied_model_matches_single_process(case_id, world, dp, options, tmp_root
     assert result["grads"].keys() == ref["grads"].keys()  # the tie held on this layout too
     for name, grad in ref["grads"].items():
         torch.testing.assert_close(result["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
-

@@ -131,8 +131,8 @@ def test_chunked_loss_computes_every_head_as_the_plain_loss(tmp_path, gradients)
     "argv, world, message",
     [
         (["--model.mtp_layers", "-1"], 1, "model.mtp_layers=-1 must be >= 0"),
-        (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"], 2,
-         "schedule='ZBVZeroBubble': that schedule splits each backward into an input and a weight pass"),
+        (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"],
+         2, "schedule='ZBVZeroBubble': that schedule splits each backward into an input and a weight pass"),
         (["--model.name", "hyena", "--model.flavor", "tiny"], 1, "model 'hyena' has no multi-token prediction"),
     ],
 )  # fmt: skip
