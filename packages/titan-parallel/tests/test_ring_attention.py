@@ -123,6 +123,14 @@ def test_torch_implementation_needs_cuda():
         apply_cp(torch.nn.Module(), None, ["attention"], implementation="torch")
 
 
+def test_a_sliding_window_is_refused_naming_the_module():
+    model = torch.nn.Module()
+    model.attention = torch.nn.Module()
+    model.attention.sliding_window = 4
+    with pytest.raises(ValueError, match="attention: a sliding window \\(4 keys\\) is not in context parallelism"):
+        apply_cp(model, None, ["attention"])
+
+
 def test_masked_block_with_rows_that_see_no_key():
     """A document mask can leave a query row of a block with no key: lse -inf and output 0 there (no NaN), so
     the merge with the block that holds its keys gives SDPA's result; fp32, atol 1e-5."""

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titan_models.decoder.attention_kernels import KERNELS as ATTENTION_KERNELS
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.decoder.rope import RopeScaling, YarnScaling
 from titan_models.moe.args import MoEArgs
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+"""Hugging Face's names for a layer's attention, as DecoderArgs.layer_types holds them."""
 
 
 @dataclass
 class DecoderArgs:
     """Shape of a decoder: Llama 3's, and the variations the other families declare as data (Qwen3: per-head
     q/k norm and its own head width; Qwen3-MoE: sparse feed-forward layers; DeepSeek-V3: multi-head latent
-    attention, YaRN and a DeepSeek MoE). Field names follow Meta's reference and TorchTitan.
+    attention, YaRN and a DeepSeek MoE; GPT-OSS: attention sinks, sliding windows per layer, projection biases).
+    Field names follow Meta's reference and TorchTitan, and Hugging Face's where those have none.
 
     Published as `Llama3Args` too (titan_models.llama3), the name flavor tables and checkpoints' configs
     use; so its errors name it `Llama3Args.<field>`."""
@@ -64,6 +69,24 @@ class DecoderArgs:
     mtp_layers: int = 0
     """Multi-token prediction modules after the main decoder (DeepSeek-V3; TorchTitan's num_mtp_layers): module k
     predicts the token k + 1 positions after the next (decoder/mtp.py). 0: none, the model unchanged."""
+    attention_bias: bool = False
+    """Biases on the query, key, value and output projections (GPT-OSS; Hugging Face's attention_bias).
+    Initialized to zero."""
+    attention_sinks: bool = False
+    """A learned logit per query head (attention.sinks [n_heads]) in the softmax denominator, as if every query
+    also saw one key of that score and a zero value: a head may attend to nothing (GPT-OSS). Initialized normal
+    with std 0.02."""
+    sliding_window: int | None = None
+    """Keys a query in a sliding layer sees, itself included: key j is kept when i - j < sliding_window (Hugging
+    Face's convention). Which layers slide: layer_types. None: no window anywhere."""
+    layer_types: list[str] | None = None
+    """Each layer's attention as Hugging Face writes it, one entry per layer: "full_attention" or
+    "sliding_attention" (GPT-OSS alternates them, starting with sliding). None: every layer slides when
+    sliding_window is set (Mistral), else every layer is full."""
+    attention_kernel: str = "auto"
+    """The kernel for attention with sinks or a window: "auto" (SDPA without sinks, FlexAttention on CUDA,
+    otherwise the exact eager fallback; see decoder/attention_kernels.py), or "sdpa", "flex" or "eager" forced.
+    Plain causal attention is always one SDPA call."""
 
     @property
     def head_dim(self) -> int:
@@ -77,6 +100,14 @@ class DecoderArgs:
     def is_sparse(self, layer_id: int) -> bool:
         """Whether block `layer_id` holds a mixture of experts instead of a dense SwiGLU."""
         return self.moe is not None and self.moe.is_sparse(layer_id)
+
+    def window_for(self, layer_id: int) -> int | None:
+        """The sliding window of block `layer_id`, or None where it attends to its whole causal past."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer_id] == "sliding_attention":
+            return self.sliding_window
+        return None
 
     @property
     def num_kv_heads(self) -> int:
@@ -128,6 +159,7 @@ class DecoderArgs:
                 f"Llama3Args.n_heads={self.n_heads} is not divisible by n_kv_heads={self.num_kv_heads}; "
                 f"each key/value head must serve the same number of query heads"
             )
+        self._validate_attention_variations()
         if self.mla is not None:
             if not isinstance(self.mla, MLAArgs):
                 raise ValueError(f"Llama3Args.mla={self.mla!r} must be an MLAArgs or None")
@@ -169,3 +201,39 @@ class DecoderArgs:
                     f"Llama3Args.rope_scaling.original_max_position_embeddings="
                     f"{scaling.original_max_position_embeddings!r} must be > 0"
                 )
+
+    def _validate_attention_variations(self) -> None:
+        for name in ("attention_bias", "attention_sinks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Llama3Args.{name}={getattr(self, name)!r} must be true or false")
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+            raise ValueError(
+                f"Llama3Args.sliding_window={window!r} must be a positive integer (keys a query sees, itself "
+                "included) or None (no window)"
+            )
+        if self.layer_types is not None:
+            types = self.layer_types
+            if not isinstance(types, (list, tuple)) or len(types) != self.n_layers:
+                count = f"has {len(types)} entries" if isinstance(types, (list, tuple)) else f"={types!r} is not a list"
+                raise ValueError(
+                    f"Llama3Args.layer_types {count} but n_layers={self.n_layers}; give one entry per layer, each "
+                    f"one of {LAYER_TYPES}, or None"
+                )
+            for i, kind in enumerate(types):
+                if kind not in LAYER_TYPES:
+                    raise ValueError(f"Llama3Args.layer_types[{i}]={kind!r} is not one of {LAYER_TYPES}")
+            if "sliding_attention" in types and window is None:
+                raise ValueError(
+                    f"Llama3Args.layer_types[{list(types).index('sliding_attention')}]='sliding_attention' needs "
+                    "Llama3Args.sliding_window, which is None; set the window or make the layer 'full_attention'"
+                )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"Llama3Args.attention_kernel={self.attention_kernel!r} is not one of {ATTENTION_KERNELS}")
+        if self.mla is not None:
+            for name in ("attention_bias", "attention_sinks", "sliding_window"):
+                if getattr(self, name):
+                    raise ValueError(
+                        f"Llama3Args.{name}={getattr(self, name)!r} applies to grouped-query attention only, and "
+                        "Llama3Args.mla is set; unset one of them"
+                    )

@@ -1,4 +1,5 @@
-"""Causal grouped-query self-attention with RoPE, and its q/k-norm variation (Qwen3), as a plain nn.Module."""
+"""Causal grouped-query self-attention with RoPE, and its variations as a plain nn.Module: q/k norm (Qwen3);
+projection biases, learned attention sinks and a per-layer sliding window (GPT-OSS)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from titan_models.decoder.attention_kernels import choose_kernel
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
 from titan_models.decoder.rope import apply_rotary_emb
 from titan_models.seeded_init import SeededInit
@@ -26,25 +28,39 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE; with args.qk_norm (Qwen3) each head's query and key are
-    RMS-normalised before the rotation."""
+    RMS-normalised before the rotation. GPT-OSS's variations: args.attention_bias (biases on wq, wk, wv, wo),
+    args.attention_sinks (`sinks`, a learned logit per query head in the softmax denominator) and the sliding
+    window args.window_for(layer_id), which the inner attention holds."""
 
-    def __init__(self, args: DecoderArgs):
+    def __init__(self, args: DecoderArgs, layer_id: int = 0):
         super().__init__()
         self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        bias = args.attention_bias
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
-        self.inner_attention = ScaledDotProductAttention(is_causal=True)
+        # On this module, not the inner one, so the parameter keeps its name (Hugging Face's self_attn.sinks)
+        # when a parallelizer swaps the inner attention.
+        self.sinks = nn.Parameter(torch.empty(args.n_heads)) if args.attention_sinks else None
+        self.sliding_window = args.window_for(layer_id)
+        self.inner_attention = ScaledDotProductAttention(
+            is_causal=True, sliding_window=self.sliding_window, kernel=args.attention_kernel
+        )
 
     def forward(
-        self, x: torch.Tensor, freqs_cis: torch.Tensor, document_ids: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        freqs_cis: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """freqs_cis is the second positional argument because the tensor-parallel plan prepares
-        inputs by position: (x, freqs_cis); document_ids (see ScaledDotProductAttention) is passed by
-        keyword, which the plan leaves alone."""
+        inputs by position: (x, freqs_cis); document_ids and positions (see ScaledDotProductAttention) are
+        passed by keyword, which the plan leaves alone. positions matter only to a sliding window: None means
+        0..seqlen-1."""
         bs, seqlen, _ = x.shape
         xq, xk, xv = self.project(x, freqs_cis)
 
@@ -54,9 +70,26 @@ class Attention(nn.Module):
         xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
         q, k, v = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
-        # Only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
-        out = self.inner_attention(q, k, v) if document_ids is None else self.inner_attention(q, k, v, document_ids)
+        # document_ids only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
+        # Sinks and the window's positions go by keyword only where they exist: a swapped-in kernel that knows
+        # neither (context parallelism's ring) then fails loudly on them rather than computing without them.
+        inputs = (q, k, v) if document_ids is None else (q, k, v, document_ids)
+        extra = {} if self.sinks is None else {"sinks": _local(self.sinks)}
+        if self.sliding_window is not None:
+            extra["positions"] = positions
+        out = self.inner_attention(*inputs, **extra)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+    def kernel_name(self, device_type: str, needs_grad: bool = True) -> str:
+        """The kernel this layer's attention runs on `device_type` (attention_kernels.choose_kernel), for a caller
+        to log before compiling blocks: inside a compiled block the kernel cannot name itself."""
+        return choose_kernel(
+            self.inner_attention.kernel,
+            sinks=self.sinks is not None,
+            window=self.sliding_window is not None,
+            device_type=device_type,
+            needs_grad=needs_grad,
+        )
 
     def project(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values [bs, seqlen, heads, head_dim], queries and keys normalised (qk_norm) and
@@ -75,6 +108,18 @@ class Attention(nn.Module):
         for linear in (self.wq, self.wk, self.wv):
             init.trunc_normal_(linear.weight, std=0.02)
         init.trunc_normal_(self.wo.weight, std=init_std)
+        for linear in (self.wq, self.wk, self.wv, self.wo):
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        if self.sinks is not None:
+            init.normal_(self.sinks, std=0.02)
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter sharded as a DTensor (tensor parallelism shards the sinks by head, as it
+    shards wq's output); the parameter itself otherwise. Duck-typed so model code never imports
+    torch.distributed."""
+    return param.to_local() if hasattr(param, "to_local") else param

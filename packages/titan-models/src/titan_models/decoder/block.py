@@ -34,7 +34,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, layer_id: int, args: DecoderArgs):
         super().__init__()
-        self.attention = MultiHeadLatentAttention(args) if args.mla is not None else Attention(args)
+        self.attention = MultiHeadLatentAttention(args) if args.mla is not None else Attention(args, layer_id)
         self.feed_forward: FeedForward | MoE
         if args.is_sparse(layer_id):
             shared = args.moe.num_shared_experts * args.moe.hidden_dim

@@ -41,7 +41,11 @@ def _attention_params(args: DecoderArgs) -> int:
     mla = args.mla
     if mla is None:
         q_dim, kv_dim = args.n_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        return 2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0)
+        biases = q_dim + 2 * kv_dim + args.dim if args.attention_bias else 0
+        sinks = args.n_heads if args.attention_sinks else 0
+        return (
+            2 * args.dim * q_dim + 2 * args.dim * kv_dim + (2 * args.head_dim if args.qk_norm else 0) + biases + sinks
+        )
     q_width = args.n_heads * mla.qk_head_dim
     queries = args.dim * q_width if mla.q_lora_rank is None else mla.q_lora_rank * (args.dim + 1 + q_width)
     keys_values = args.dim * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank

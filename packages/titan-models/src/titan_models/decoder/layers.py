@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_models.decoder.attention_kernels import log_kernel_once, variant_attention
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
@@ -29,19 +31,41 @@ class ScaledDotProductAttention(nn.Module):
 
     A module of its own (TorchTitan's `inner_attention`) so a parallelizer can swap it: context parallelism
     replaces it with ring attention by name (the plan's `attention_fqns`), with no change to this file.
+
+    Plain causal or block-causal attention is one SDPA call, as it always was; sinks, a sliding window, given
+    positions or a forced kernel go through attention_kernels.variant_attention, which picks and logs its kernel.
     """
 
-    def __init__(self, is_causal: bool = True, scale: float | None = None):
+    def __init__(
+        self,
+        is_causal: bool = True,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        kernel: str = "auto",
+    ):
         super().__init__()
         self.is_causal = is_causal
         self.scale = scale
         """The softmax scale; None: 1 / sqrt(the query's head width)."""
+        self.sliding_window = sliding_window
+        """Keys a query sees, itself included (GPT-OSS's sliding layers); None: no window."""
+        self.kernel = kernel
+        """"auto", "sdpa", "flex" or "eager" (attention_kernels.choose_kernel): what runs for sinks or a window."""
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        *,
+        sinks: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """document_ids [bs, seqlen]: block-causal attention, a token sees only earlier tokens of its own
-        document (packed sequences); None: plain causal.
+        document (packed sequences); None: plain causal. sinks [heads]: a learned logit per head in the softmax
+        denominator (GPT-OSS). positions: the tokens' sequence positions the window is measured in (see
+        attention_kernels.variant_attention; None: 0..seqlen-1).
 
         Values narrower than queries and keys (multi-head latent attention) are zero-padded to their width and
         the output cut back: the flash kernels, CPU and CUDA, need one width, and without them the scores of
@@ -49,12 +73,31 @@ class ScaledDotProductAttention(nn.Module):
         width = v.shape[-1]
         if width < q.shape[-1]:
             v = F.pad(v, (0, q.shape[-1] - width))
-        if document_ids is None:
+        if sinks is not None or positions is not None or self.sliding_window is not None or self.kernel != "auto":
+            out = variant_attention(
+                q,
+                k,
+                v,
+                document_ids=document_ids,
+                positions=positions,
+                sinks=sinks,
+                window=self.sliding_window,
+                causal=self.is_causal,
+                scale=self.scale,
+                kernel=self.kernel,
+            )
+        elif document_ids is None:
+            log_kernel_once("sdpa", "plain causal attention")
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
         else:
+            log_kernel_once("sdpa", "block-causal attention (document_ids)")
             mask = block_causal_mask(document_ids, self.is_causal)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out[..., :width]
+
+    def extra_repr(self) -> str:
+        window, kernel = self.sliding_window, self.kernel
+        return f"is_causal={self.is_causal}, scale={self.scale}, sliding_window={window}, kernel={kernel!r}"
 
 
 def block_causal_mask(document_ids: torch.Tensor, causal: bool = True) -> torch.Tensor:

@@ -29,6 +29,11 @@ class LlamaDecoder:
         if model.tok_embeddings is None or model.output is None:
             raise ValueError("LlamaDecoder needs the whole model; this one is a pipeline stage")
         args = model.args
+        if getattr(args, "attention_sinks", False) or getattr(args, "sliding_window", None) is not None:
+            raise ValueError(
+                "KV-cache decoding does not implement attention sinks or sliding windows yet "
+                f"(attention_sinks={args.attention_sinks}, sliding_window={args.sliding_window})"
+            )
         self.model, self.max_len = model, max_len
         weight = model.output.weight
         # RoPE angles for every position we may reach (the model's table stops at max_seq_len).

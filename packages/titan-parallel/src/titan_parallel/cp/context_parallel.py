@@ -133,6 +133,11 @@ def apply_cp(
         if not any(fqn_matches(pattern, fqn) for pattern in attention_fqns):
             continue
         is_causal, scale = getattr(module, "is_causal", True), getattr(module, "scale", None)
+        if getattr(module, "sliding_window", None) is not None:
+            raise ValueError(
+                f"{fqn}: a sliding window ({module.sliding_window} keys) is not in context parallelism's ring "
+                "attention yet; train this model without context parallelism"
+            )
         if implementation == "torch":
             if scale is not None:
                 raise ValueError(f"{fqn}: a softmax scale of its own ({scale}) needs implementation='titan'")
