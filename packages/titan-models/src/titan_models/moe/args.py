@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,7 +13,9 @@ LOAD_BALANCE_CHOICES = ("aux_loss", "sequence_aux_loss", "aux_loss_free", "none"
 class MoEArgs:
     """A sparse feed-forward layer: a router picks `top_k` of `num_experts` SwiGLU experts per token.
 
-    Field names follow DeepSeek-V3 / TorchTitan; the Hugging Face name is given where it differs.
+    Field names follow DeepSeek-V3 / TorchTitan; the Hugging Face name is given where it differs. GPT-OSS's
+    layer is score_func="softmax", norm_topk_prob=True, router_bias=True, expert_proj_bias=True,
+    expert_activation="clamped_swiglu" (swiglu_limit from its config).
     """
 
     num_experts: int = 8
@@ -25,9 +28,26 @@ class MoEArgs:
     """How router logits become scores, in fp32: softmax over experts (Qwen3-MoE) or a sigmoid per expert
     (DeepSeek-V3)."""
     norm_topk_prob: bool = False
-    """Renormalise the top-k scores of a token to sum to 1 (HF: norm_topk_prob)."""
+    """Renormalise the top-k scores of a token to sum to 1 (HF: norm_topk_prob). With softmax scores this is
+    GPT-OSS's routing (HF GptOssTopKRouter: top-k of the logits, then a softmax over those k only), since
+    softmax(l)_i / sum_top-k softmax(l)_j = exp(l_i) / sum_top-k exp(l_j); the auxiliary losses still read the
+    softmax over all experts, as HF's GPT-OSS loss does."""
+    router_bias: bool = False
+    """The router's linear map adds a per-expert bias to its logits (GPT-OSS: router.bias), which selects and
+    weights alike (unlike aux_loss_free's bias, which only selects)."""
     routed_scaling_factor: float = 1.0
     """Multiplies the routed experts' weighted sum (DeepSeek-V3: 2.5)."""
+    expert_proj_bias: bool = False
+    """Each routed expert's projections add a bias, experts.w1_bias / w3_bias / w2_bias (GPT-OSS:
+    gate_up_proj_bias, down_proj_bias; see GroupedExperts for the layout)."""
+    expert_activation: Literal["swiglu", "clamped_swiglu"] = "swiglu"
+    """The routed experts' gated unit, from gate = x w1 (+ w1_bias) and up = x w3 (+ w3_bias): "swiglu",
+    silu(gate) * up; "clamped_swiglu", GPT-OSS's: gate clamped to at most swiglu_limit, up to
+    [-swiglu_limit, swiglu_limit], then (up + 1) * gate * sigmoid(swiglu_alpha * gate)."""
+    swiglu_alpha: float = 1.702
+    """clamped_swiglu: the sigmoid's slope (HF GPT-OSS: swiglu_alpha, 1.702)."""
+    swiglu_limit: float = 7.0
+    """clamped_swiglu: the clamp bound (HF GPT-OSS: swiglu_limit, 7.0)."""
     num_shared_experts: int = 0
     """Experts every token goes through (DeepSeek-V3 / Qwen2-MoE style), computed as one SwiGLU of
     num_shared_experts * hidden_dim hidden units."""
@@ -44,8 +64,8 @@ class MoEArgs:
     first_k_dense_replace = k is (0, ..., k - 1))."""
     load_balance: Literal["aux_loss", "sequence_aux_loss", "aux_loss_free", "none"] = "aux_loss"
     """How experts are kept evenly loaded: "aux_loss", the Switch-style auxiliary loss as Hugging Face
-    computes it for Qwen3-MoE (token fractions times mean probabilities, over all MoE layers of a forward);
-    "sequence_aux_loss", DeepSeek-V3's per-sequence auxiliary loss (summed over layers); "aux_loss_free",
+    computes it for Qwen3-MoE and GPT-OSS (token fractions times mean probabilities, over all MoE layers of a
+    forward); "sequence_aux_loss", DeepSeek-V3's per-sequence auxiliary loss (summed over layers); "aux_loss_free",
     DeepSeek-V3's per-expert bias added to the scores for selection only, moved by bias_update_rate after
     each optimizer step against the load of the step; "none"."""
     aux_loss_coef: float = 0.001
@@ -82,6 +102,17 @@ class MoEArgs:
             )
         if self.score_func not in ("softmax", "sigmoid"):
             raise ValueError(f"{owner}.score_func={self.score_func!r} must be 'softmax' or 'sigmoid'")
+        for name in ("router_bias", "expert_proj_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{owner}.{name}={getattr(self, name)!r} must be true or false")
+        if self.expert_activation not in ("swiglu", "clamped_swiglu"):
+            raise ValueError(
+                f"{owner}.expert_activation={self.expert_activation!r} must be 'swiglu' or 'clamped_swiglu' (GPT-OSS)"
+            )
+        for name, default in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{owner}.{name}={value!r} must be a finite number > 0 (GPT-OSS: {default})")
         if self.load_balance not in LOAD_BALANCE_CHOICES:
             raise ValueError(
                 f"{owner}.load_balance={self.load_balance!r} must be one of {', '.join(LOAD_BALANCE_CHOICES)}"

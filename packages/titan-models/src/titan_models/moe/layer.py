@@ -21,7 +21,15 @@ class MoE(nn.Module):
         super().__init__()
         self.moe = moe
         self.router = TopKRouter(dim, moe)
-        self.experts = GroupedExperts(dim, moe.hidden_dim, moe.num_experts)
+        self.experts = GroupedExperts(
+            dim,
+            moe.hidden_dim,
+            moe.num_experts,
+            bias=moe.expert_proj_bias,
+            activation=moe.expert_activation,
+            swiglu_alpha=moe.swiglu_alpha,
+            swiglu_limit=moe.swiglu_limit,
+        )
         self.shared_experts = shared_expert
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutedTokens]:

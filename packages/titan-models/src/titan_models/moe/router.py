@@ -41,12 +41,14 @@ class RoutedTokens(NamedTuple):
 
 
 class RouterGate(nn.Module):
-    """The router's weight [num_experts, dim], applied in fp32 by TopKRouter. Not an nn.Linear, so no
-    transform that swaps Linear layers (float8) touches the routing decision."""
+    """The router's weight [num_experts, dim] and optional bias [num_experts] (GPT-OSS), applied in fp32 by
+    TopKRouter. Not an nn.Linear, so no transform that swaps Linear layers (float8) touches the routing
+    decision."""
 
-    def __init__(self, dim: int, num_experts: int):
+    def __init__(self, dim: int, num_experts: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, dim))
+        self.bias = nn.Parameter(torch.empty(num_experts)) if bias else None
 
 
 class TopKRouter(nn.Module):
@@ -59,7 +61,7 @@ class TopKRouter(nn.Module):
     def __init__(self, dim: int, moe: MoEArgs):
         super().__init__()
         self.moe = moe
-        self.gate = RouterGate(dim, moe.num_experts)
+        self.gate = RouterGate(dim, moe.num_experts, bias=moe.router_bias)
         aux_free = moe.load_balance == "aux_loss_free"
         # Persistent only when used: a model trained without it checkpoints and exports no bias.
         self.register_buffer("expert_bias", torch.zeros(moe.num_experts), persistent=aux_free)
@@ -67,7 +69,8 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> Routing:
         """x [tokens, dim] -> the routing of each token."""
         moe = self.moe
-        logits = F.linear(x.float(), local_tensor(self.gate.weight).float())
+        bias = None if self.gate.bias is None else local_tensor(self.gate.bias).float()
+        logits = F.linear(x.float(), local_tensor(self.gate.weight).float(), bias)
         scores = logits.softmax(dim=-1) if moe.score_func == "softmax" else logits.sigmoid()
         selection = scores + self.expert_bias if moe.load_balance == "aux_loss_free" else scores
         if moe.num_expert_groups > 1:
@@ -91,6 +94,8 @@ class TopKRouter(nn.Module):
 
     def reset_parameters(self, init, std: float = 0.02) -> None:
         init.trunc_normal_(self.gate.weight, std=std)
+        if self.gate.bias is not None:
+            init.trunc_normal_(self.gate.bias, std=std)  # as Hugging Face initialises GPT-OSS's router bias
         self.expert_bias.zero_()
 
 
