@@ -54,6 +54,8 @@ CASES = [
     ("deepseek_fsdp2_ep2", 2, 2, DEEPSEEK, ["--parallelism.expert_parallel_degree", "2"]),
     ("deepseek_fsdp2_aux_free", 2, 2, (*DEEPSEEK, "--moe.load_balance", "aux_loss_free",
                                        "--moe.bias_update_rate", "0.05"), []),
+    # Float8 (emulated on CPU) on the dense linears, the MTP modules' included, against single-process float8.
+    ("llama_fsdp2_float8", 2, 2, (*LLAMA, "--float8.enable", "true", "--float8.emulate", "true"), []),
     ("llama_pp2_1f1b", 2, 1, LLAMA, [*PP2, "1F1B"]),
     ("deepseek_fsdp2_pp2_interleaved", 4, 2, DEEPSEEK, [*PP2, "Interleaved1F1B"]),
 ]  # fmt: skip
