@@ -44,6 +44,7 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
         ("layers.0.mixer.short_filter.weight", 2, False),
         ("layers.0.mixer.filter.hidden.0.weight", 2, False),
         ("layers.0.mixer.in_proj.bias", 1, False),
+        ("layers.3.feed_forward.experts.w1_bias", 2, False),  # GPT-OSS's per-expert biases: [experts, hidden]
     ],
 )
 def test_default_rule_gives_hidden_matrices_and_expert_stacks_to_muon(name, ndim, muon):

@@ -15,7 +15,8 @@ from torch import nn
 
 logger = logging.getLogger("titan")
 
-DEFAULT_ADAMW_PARAMS = ("tok_embeddings", "output", "*norm*", "bias", "router", "gate", "filter", "short_filter")
+# "*bias": a bias, and a stack of them (GPT-OSS's per-expert w1_bias: [experts, hidden], 2-D but no matrix).
+DEFAULT_ADAMW_PARAMS = ("tok_embeddings", "output", "*norm*", "*bias", "router", "gate", "filter", "short_filter")
 
 
 def takes_muon(name: str, ndim: int, adamw_params: list[str] | tuple[str, ...] = DEFAULT_ADAMW_PARAMS) -> bool:
