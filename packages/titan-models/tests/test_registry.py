@@ -21,7 +21,8 @@ def test_args_for_returns_a_copy():
 
 def test_unknown_model_suggests_a_name():
     with pytest.raises(
-        ValueError, match=r"model.name='lama3'.*did you mean 'llama3'\?.*valid names: deepseek_v3, hyena, llama3"
+        ValueError,
+        match=r"model.name='lama3'.*did you mean 'llama3'\?.*valid names: deepseek_v3, gpt_oss, hyena, llama3",
     ):
         get_model_spec("lama3")
 

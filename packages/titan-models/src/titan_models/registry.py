@@ -75,6 +75,8 @@ def _register_builtin_models() -> None:
     from titan_models.decoder import Decoder, flops_per_token
     from titan_models.deepseek_v3 import FLAVORS as DEEPSEEK_V3_FLAVORS
     from titan_models.deepseek_v3 import DeepseekV3HFAdapter, deepseek_v3_plan
+    from titan_models.gpt_oss import FLAVORS as GPT_OSS_FLAVORS
+    from titan_models.gpt_oss import GptOssHFAdapter, gpt_oss_plan
     from titan_models.hyena import FLAVORS as HYENA_FLAVORS
     from titan_models.hyena import HyenaLM, hyena_plan
     from titan_models.hyena import flops_per_token as hyena_flops_per_token
@@ -85,12 +87,14 @@ def _register_builtin_models() -> None:
     from titan_models.qwen3_moe import FLAVORS as QWEN3_MOE_FLAVORS
     from titan_models.qwen3_moe import Qwen3MoeHFAdapter, qwen3_moe_plan
 
-    # One decoder for every family built on it: the flavors' args carry the differences (q/k norm, MLA, experts).
+    # One decoder for every family built on it: the flavors' args carry the differences (q/k norm, MLA, experts,
+    # sinks and windows).
     for name, flavors, plan, adapter in (
         ("llama3", LLAMA3_FLAVORS, llama3_plan, Llama3HFAdapter),
         ("qwen3", QWEN3_FLAVORS, qwen3_plan, Qwen3HFAdapter),
         ("qwen3_moe", QWEN3_MOE_FLAVORS, qwen3_moe_plan, Qwen3MoeHFAdapter),
         ("deepseek_v3", DEEPSEEK_V3_FLAVORS, deepseek_v3_plan, DeepseekV3HFAdapter),
+        ("gpt_oss", GPT_OSS_FLAVORS, gpt_oss_plan, GptOssHFAdapter),
     ):
         register_model(
             ModelSpec(

@@ -58,7 +58,9 @@ def _feed_forward_params(args: DecoderArgs, layer_id: int, active: bool) -> int:
         return 3 * args.dim * args.hidden_dim
     moe = args.moe
     routed = moe.top_k if active else moe.num_experts
-    return args.dim * moe.num_experts + 3 * args.dim * moe.hidden_dim * (routed + moe.num_shared_experts)
+    router = (args.dim + moe.router_bias) * moe.num_experts
+    expert_biases = routed * (2 * moe.hidden_dim + args.dim) if moe.expert_proj_bias else 0
+    return router + 3 * args.dim * moe.hidden_dim * (routed + moe.num_shared_experts) + expert_biases
 
 
 def flops_per_token(args: DecoderArgs, seq_len: int) -> int:

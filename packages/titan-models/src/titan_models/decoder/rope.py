@@ -48,6 +48,8 @@ class YarnScaling:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 1.0
+    truncate: bool = True
+    """Round the ramp's ends to whole pair indices (Hugging Face's default); GPT-OSS's config sets it false."""
 
 
 def scale_frequencies(freqs: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -69,14 +71,16 @@ def _mscale(factor: float, mscale: float = 1.0) -> float:
 
 def yarn_frequencies(freqs: torch.Tensor, head_dim: int, theta: float, scaling: YarnScaling) -> torch.Tensor:
     """YaRN's blend of the original frequencies and those divided by `factor`, as Hugging Face computes it
-    (`_compute_yarn_parameters`, with its default truncation of the ramp's ends)."""
+    (`_compute_yarn_parameters`, its ramp's ends truncated or not as `scaling.truncate` says)."""
 
     def turning_dim(rotations: float) -> float:  # the pair index that turns `rotations` times over the context
         context = scaling.original_max_position_embeddings
         return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(turning_dim(scaling.beta_fast)), 0)
-    high = min(math.ceil(turning_dim(scaling.beta_slow)), head_dim - 1)
+    low, high = turning_dim(scaling.beta_fast), turning_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
     high = high + 0.001 if low == high else high
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=freqs.device) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp  # 1 where a pair keeps its frequency (fast), 0 where it is interpolated (slow)
