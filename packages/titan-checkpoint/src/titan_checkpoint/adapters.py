@@ -5,17 +5,19 @@ An adapter is any object with
     to_hf_key(fqn) -> str                    to_hf_tensor(fqn, tensor) -> tensor
     from_hf_key(hf_key) -> str               from_hf_tensor(hf_key, tensor) -> tensor
     hf_config(dtype, bos_token_id=, eos_token_id=) -> dict      (config.json)
-and optionally hf_keys() -> list[str] (every tensor a complete HF checkpoint holds), aliases() -> {our FQN:
-the FQN whose tensor it shares} (tied embeddings: HF stores the tensor once), stacked_hf_keys(fqn) ->
-list[str] | None (the HF tensors, one per slice, that stack on a new first dimension into ours: a mixture of
-experts' 3-D weights; to_hf_tensor / from_hf_tensor then convert one slice), args_dict() (its model
-args as plain data), hf_copies() -> {HF key: the HF key whose tensor it repeats} (written by an export
-beside their source: DeepSeek-V3's MTP layer keeps copies of the embedding and head) and skips_hf_key(hf_key)
--> bool (tensors a folder may hold that an import leaves unread: those copies, a folder's MTP layers past
-the model's). The class registered under the entry point also provides from_args_dict(dict) (args
-stored in a checkpoint), from_hf_config(dict) (an HF config.json), `architectures` (the config.json
-architectures it reads) and optionally from_fingerprint(dict) (an older checkpoint's fingerprint, whose
-args leave out max_seq_len) and from_hf_folder(folder) (a folder: its config.json as the weights confirm it).
+and optionally hf_keys() -> list[str] (every tensor a complete HF checkpoint holds), aliases() -> {our FQN: the FQN
+whose tensor it shares} (tied embeddings: HF stores the tensor once), stacked_hf_keys(fqn) -> list[str] | None (the
+HF tensors, one per slice, that stack on a new first dimension into ours: a mixture of experts' 3-D weights;
+to_hf_tensor / from_hf_tensor then convert one slice), args_dict() (its model args as plain data), hf_copies() ->
+{HF key: the HF key whose tensor it repeats} (written by an export beside their source: DeepSeek-V3's MTP layer
+keeps copies of the embedding and head) and skips_hf_key(hf_key) -> bool (tensors a folder may hold that an import
+leaves unread: those copies, a folder's MTP layers past the model's), and fused_hf_keys() -> {HF key: (our FQN, our
+FQN)} with merge_to_hf(first, second) -> tensor and split_from_hf(tensor) -> (first, second) (one HF tensor holding
+two of ours, which to_hf_key / from_hf_key need not name: GPT-OSS's gate_up_proj interleaves our w1 and w3;
+hf_fused.py). The class registered under the entry point also provides from_args_dict(dict) (args stored in a
+checkpoint), from_hf_config(dict) (an HF config.json), `architectures` (the config.json architectures it reads) and
+optionally from_fingerprint(dict) (an older checkpoint's fingerprint, whose args leave out max_seq_len) and
+from_hf_folder(folder) (a folder: its config.json as the weights confirm it).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ hf_tokenizer.py), in one dtype.
 Streams: the shard plan comes from the DCP metadata alone (names, shapes, dtypes), then each tensor is
 read on its own (`dcp.load` of a one-entry state dict, which reassembles a tensor saved in shards by any
 number of ranks), converted by the adapter and added to the current shard; a shard is written and freed
-as soon as it is full. Peak memory: about one shard plus one tensor. Progress is logged as it goes.
+as soon as it is full. Peak memory: about one shard plus one tensor (two of ours and their Hugging Face tensor
+where it holds both: the adapter's fused_hf_keys(), hf_fused.py). Progress is logged as it goes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from titan_checkpoint.adapters import adapter_from_meta
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.folder import checkpoint_location, read_meta
+from titan_checkpoint.hf_fused import fused_hf_keys, fused_key_of
 from titan_checkpoint.hf_import import INDEX_FILE
 from titan_checkpoint.hf_tokenizer import ExportedTokenizer
 from titan_checkpoint.location import Location, as_location
@@ -86,19 +88,50 @@ def _read_tensor(
     return tensor
 
 
-def _shard_plan(entries: list[Entry], itemsize: int, max_bytes: int, repeats: list[int]) -> list[list[int]]:
-    """Entry indices per shard, from shapes alone, so every file name knows the total count. repeats: how many
-    times each entry is written (1 + its copies)."""
+def _shard_plan(numels: list[int], itemsize: int, max_bytes: int, repeats: list[int]) -> list[list[int]]:
+    """Unit indices per shard, from sizes alone, so every file name knows the total count. numels: the elements
+    of each unit; repeats: how many times each unit is written (1 + its copies)."""
     shards: list[list[int]] = [[]]
     shard_bytes = 0
-    for i, (_, _, info) in enumerate(entries):
-        nbytes = info.size.numel() * itemsize * repeats[i]
+    for i, numel in enumerate(numels):
+        nbytes = numel * itemsize * repeats[i]
         if shards[-1] and shard_bytes + nbytes > max_bytes:
             shards.append([])
             shard_bytes = 0
         shards[-1].append(i)
         shard_bytes += nbytes
     return shards
+
+
+def _units(checkpoint: Location, adapter: Any, entries: list[Entry]) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(our FQNs, their Hugging Face keys) per unit of conversion, in saved order: one of ours and its one key (or
+    one per slice of a stacked tensor), or the two of ours one fused key holds (at the place of the first)."""
+    fused = fused_hf_keys(adapter)
+    fused_key, saved = fused_key_of(fused), {fqn for fqn, _, _ in entries}
+    units, done = [], set()
+    for fqn, _, _ in entries:
+        hf_key = fused_key.get(fqn)
+        if hf_key is None:
+            units.append(((fqn,), hf_names(adapter, fqn)))
+        elif hf_key not in done:
+            done.add(hf_key)
+            absent = [half for half in fused[hf_key] if half not in saved]
+            if absent:
+                raise CheckpointMismatchError(
+                    f"{checkpoint} holds {fqn} but not {absent[0]}: Hugging Face's {hf_key} holds both"
+                )
+            units.append((fused[hf_key], [hf_key]))
+    return units
+
+
+def _hf_tensors(adapter: Any, fqns: tuple[str, ...], ours: list[torch.Tensor], fused: bool) -> list[torch.Tensor]:
+    """Our tensors of one unit (see _units) as its Hugging Face tensors, in its keys' order."""
+    if fused:
+        return [adapter.merge_to_hf(*ours)]
+    (fqn,), (tensor,) = fqns, ours
+    # A stacked tensor (e.g. experts [E, ...]) is one Hugging Face tensor per slice.
+    pieces = list(tensor) if is_stacked(adapter, fqn) else [tensor]
+    return [adapter.to_hf_tensor(fqn, piece) for piece in pieces]
 
 
 def _recorded_tokenizer(checkpoint: Location, meta: dict[str, Any]) -> Path | None:
@@ -163,7 +196,8 @@ def _export(
     entries = [entry for entry in model_tensors(metadata) if entry[0] not in aliases]
     if not entries:
         raise CheckpointMismatchError(f"{checkpoint} holds no model tensors (no keys under 'model.')")
-    hf_keys = [hf_names(adapter, fqn) for fqn, _, _ in entries]
+    units = _units(checkpoint, adapter, entries)
+    hf_keys = [keys for _, keys in units]
     if hasattr(adapter, "hf_keys"):
         missing = sorted(set(adapter.hf_keys()) - {key for keys in hf_keys for key in keys})
         if missing:
@@ -176,8 +210,10 @@ def _export(
         copies_of.setdefault(source, []).append(copy_key)
     repeats = [1 + sum(len(copies_of.get(key, [])) for key in keys) for keys in hf_keys]
     itemsize = torch.empty((), dtype=dtype).element_size()
-    shards = _shard_plan(entries, itemsize, max_bytes, repeats)
-    total_bytes = sum(info.size.numel() * n for (_, _, info), n in zip(entries, repeats, strict=True)) * itemsize
+    saved = {fqn: (key, info) for fqn, key, info in entries}
+    numels = [sum(saved[fqn][1].size.numel() for fqn in fqns) for fqns, _ in units]
+    shards = _shard_plan(numels, itemsize, max_bytes, repeats)
+    total_bytes = sum(numel * n for numel, n in zip(numels, repeats, strict=True)) * itemsize
     progress = ByteProgress(total_bytes, f"exporting to {out}")
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -188,12 +224,12 @@ def _export(
         name = SINGLE_FILE if len(shards) == 1 else f"model-{n:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
         for i in members:
-            fqn, key, info = entries[i]
-            ours = _read_tensor(reader, key, info)
-            # A stacked tensor (e.g. experts [E, ...]) is one Hugging Face tensor per slice.
-            pieces = list(ours) if is_stacked(adapter, fqn) else [ours]
-            for hf_key, piece in zip(hf_keys[i], pieces, strict=True):
-                tensor = adapter.to_hf_tensor(fqn, piece).to(dtype).contiguous()
+            fqns = units[i][0]
+            ours = [_read_tensor(reader, *saved[fqn]) for fqn in fqns]
+            converted = _hf_tensors(adapter, fqns, ours, fused=len(fqns) > 1)
+            del ours
+            for hf_key, tensor in zip(hf_keys[i], converted, strict=True):
+                tensor = tensor.to(dtype).contiguous()
                 # safetensors refuses tensors sharing memory: each copy is its own.
                 for key in (hf_key, *copies_of.get(hf_key, [])):
                     tensors[key] = tensor if key == hf_key else tensor.clone()

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titan_checkpoint.adapters import model_differences, read_hf_config
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from titan_checkpoint.hf_fused import fused_hf_keys
 from titan_checkpoint.location import as_location
 
 logger = logging.getLogger("titan.checkpoint")
@@ -103,7 +104,8 @@ def load_hf_safetensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(our FQN, tensor) for each tensor of a Hugging Face folder, read and converted one at a time; a
     tensor shared by several of our FQNs (adapter.aliases()) comes once per FQN, as the same tensor; one
-    of ours stacked from several (adapter.stacked_hf_keys(fqn), e.g. experts) comes once all are read.
+    of ours stacked from several (adapter.stacked_hf_keys(fqn), e.g. experts) comes once all are read; one HF
+    tensor that holds two of ours (adapter.fused_hf_keys(), e.g. GPT-OSS's gate_up_proj) gives both (hf_fused.py).
 
     adapter: maps HF names and tensors to ours (see titan_checkpoint.adapters). only: FQNs to read (e.g.
     a pipeline stage's); the others are skipped without being read.
@@ -116,7 +118,8 @@ def load_hf_safetensors(
         files = {key: file for key, file in files.items() if not adapter.skips_hf_key(key)}
     aliases = adapter.aliases() if hasattr(adapter, "aliases") else {}
     # A tied folder may store the shared tensor under both names; ours reads it once, under its own.
-    files = {key: file for key, file in files.items() if not _is_alias_key(adapter, key, aliases)}
+    fused = fused_hf_keys(adapter)
+    files = {key: file for key, file in files.items() if key in fused or not _is_alias_key(adapter, key, aliases)}
     if hasattr(adapter, "hf_keys"):
         missing = [key for key in adapter.hf_keys() if key not in files]
         if missing:
@@ -131,6 +134,9 @@ def load_hf_safetensors(
     for file, keys in by_file.items():
         with _open(file) as f:
             for hf_key in keys:
+                if hf_key in fused:
+                    yield from _read_fused(f, file, hf_key, fused[hf_key], adapter, aliases, only)
+                    continue
                 try:
                     fqn = adapter.from_hf_key(hf_key)
                 except ValueError as e:
@@ -139,13 +145,7 @@ def load_hf_safetensors(
                 names = [name for name in names if only is None or name in only]
                 if not names:
                     continue
-                try:
-                    tensor = f.get_tensor(hf_key)
-                except Exception as e:
-                    raise CheckpointCorruptError(
-                        f"{file}: tensor {hf_key!r} cannot be read ({type(e).__name__}: {e}); the file is corrupt"
-                    ) from e
-                tensor = adapter.from_hf_tensor(hf_key, tensor)
+                tensor = adapter.from_hf_tensor(hf_key, _get_tensor(f, file, hf_key))
                 stacked = adapter.stacked_hf_keys(fqn) if hasattr(adapter, "stacked_hf_keys") else None
                 if stacked is not None:  # one slice of ours (e.g. one expert): stacked once all are read
                     slices = pending.setdefault(fqn, {})
@@ -160,6 +160,36 @@ def load_hf_safetensors(
         fqn, slices = next(iter(pending.items()))
         missing = [key for key in adapter.stacked_hf_keys(fqn) if key not in slices]
         raise CheckpointMismatchError(f"{folder} lacks {', '.join(missing[:3])} (part of our {fqn})")
+
+
+def _get_tensor(f: Any, file: Path, hf_key: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(hf_key)
+    except Exception as e:
+        raise CheckpointCorruptError(
+            f"{file}: tensor {hf_key!r} cannot be read ({type(e).__name__}: {e}); the file is corrupt"
+        ) from e
+
+
+def _read_fused(
+    f: Any,
+    file: Path,
+    hf_key: str,
+    pair: tuple[str, str],
+    adapter: Any,
+    aliases: dict[str, str],
+    only: Container[str] | None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(our FQN, tensor) for each of the two tensors the fused `hf_key` holds (and their aliases) that `only`
+    accepts; unread if it accepts neither."""
+    names = {fqn: [n for n in (fqn, *(a for a, s in aliases.items() if s == fqn)) if only is None or n in only]
+             for fqn in pair}  # fmt: skip
+    if not any(names.values()):
+        return
+    halves = adapter.split_from_hf(_get_tensor(f, file, hf_key))
+    for fqn, half in zip(pair, halves, strict=True):
+        for name in names[fqn]:
+            yield name, half
 
 
 def _is_alias_key(adapter: Any, hf_key: str, aliases: dict[str, str]) -> bool:

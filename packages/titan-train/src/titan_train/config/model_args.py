@@ -18,7 +18,27 @@ logger = logging.getLogger("titan")
 def model_args(config: JobConfig):
     args = get_model_spec(config.model.name).args_for(config.model.flavor)
     args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
-    return _with_mtp(_with_moe_choices(_with_depth(args, config.model.n_layers), config), config)
+    args = _with_mtp(_with_moe_choices(_with_depth(args, config.model.n_layers), config), config)
+    _check_attention_layouts(args, config)
+    return args
+
+
+def _check_attention_layouts(args, config: JobConfig) -> None:
+    """Attention sinks and sliding windows (GPT-OSS) are not split by tensor parallelism (the sinks by head) nor run
+    in context parallelism's ring yet: refused before anything is built."""
+    sinks, window = getattr(args, "attention_sinks", False), getattr(args, "sliding_window", None)
+    if not sinks and window is None:
+        return
+    has = ", ".join(([] if not sinks else ["attention sinks"]) + ([] if window is None else [f"a {window}-key window"]))
+    p = config.parallelism
+    for key, degree in (("tensor_parallel_degree", p.tensor_parallel_degree), ("context_parallel_degree",
+                        p.context_parallel_degree)):  # fmt: skip
+        if degree > 1:
+            raise ConfigError(
+                f"parallelism.{key}={degree}: model {config.model.name!r} ({config.model.flavor}) has {has}, which "
+                f"{key.split('_')[0]} parallelism does not handle yet; train it with FSDP/HSDP/DDP, expert or "
+                f"pipeline parallelism (parallelism.{key} = 1)"
+            )
 
 
 def _with_depth(args, n_layers: int):
