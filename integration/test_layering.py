@@ -7,7 +7,7 @@ which drives the run, never the reverse).
 titan_parallel: model (the apply order) -> one folder per parallelism -> mesh, params, options; the parallelisms
 do not import each other, except where one's rule is about another: AC saves ring attention's outputs and auto
 AC traces the loss head; SimpleFSDP refuses compiled whole-block checkpoints (ac's rule).
-titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3; hyena) and generate -> decoder
+titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3, gpt_oss; hyena) and generate -> decoder
 -> moe; plan, tp_styles and seeded_init are shared modules any room may read, which import no room.
 """
 
@@ -32,13 +32,14 @@ ALLOWED = {
         "data": set(),
     },
     "titan_models": {
-        "registry": {"llama3", "qwen3", "qwen3_moe", "deepseek_v3", "hyena", "decoder", "plan"},
+        "registry": {"llama3", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "hyena", "decoder", "plan"},
         "generate": {"decoder", "hyena"},
         "llama3": {"decoder", "moe", "plan", "tp_styles"},
         # qwen3's config.json reading and writing hands Qwen3-MoE's to qwen3_moe, as before qwen3_moe existed.
         "qwen3": {"qwen3_moe", "decoder", "moe", "plan", "tp_styles"},
         "qwen3_moe": {"decoder", "moe", "plan", "tp_styles"},
         "deepseek_v3": {"decoder", "moe", "plan", "tp_styles"},
+        "gpt_oss": {"decoder", "moe", "plan", "tp_styles"},
         "hyena": {"decoder", "plan", "tp_styles", "seeded_init"},
         "decoder": {"moe", "plan", "tp_styles", "seeded_init"},
         "moe": {"seeded_init"},
