@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_models.decoder.attention_kernels import log_kernel_once, variant_attention
+from titan_models.decoder.attention_kernels import variant_attention
 
 
 class RMSNorm(nn.Module):
@@ -32,8 +32,9 @@ class ScaledDotProductAttention(nn.Module):
     A module of its own (TorchTitan's `inner_attention`) so a parallelizer can swap it: context parallelism
     replaces it with ring attention by name (the plan's `attention_fqns`), with no change to this file.
 
-    Plain causal or block-causal attention is one SDPA call, as it always was; sinks, a sliding window, given
-    positions or a forced kernel go through attention_kernels.variant_attention, which picks and logs its kernel.
+    Plain causal or block-causal attention is one SDPA call, as it always was (nothing chosen, nothing logged on
+    that hot path); sinks, a sliding window, given positions or a forced kernel go through
+    attention_kernels.variant_attention, which picks and logs its kernel.
     """
 
     def __init__(
@@ -87,10 +88,8 @@ class ScaledDotProductAttention(nn.Module):
                 kernel=self.kernel,
             )
         elif document_ids is None:
-            log_kernel_once("sdpa", "plain causal attention")
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
         else:
-            log_kernel_once("sdpa", "block-causal attention (document_ids)")
             mask = block_causal_mask(document_ids, self.is_causal)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out[..., :width]
