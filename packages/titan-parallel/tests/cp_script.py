@@ -14,9 +14,15 @@ load-balanced chunks, vs SDPA with the document mask on the whole sequence; at l
 document at the second chunk of cp 2, so whole blocks are skipped. model_*_documents: the toy model with
 document ids, likewise.
 pipeline_pp2_cp2: pp_toy's model pipelined (1F1B) over 2 stages with CP 2 inside each: same tolerances.
+ring_window_*: causal ring attention with a sliding window (a query sees itself and window - 1 keys before it),
+attention sinks, documents, or together, vs dense attention on the whole sequence with the sink as one more
+logit column (Hugging Face's eager form): output, dQ/dK/dV and the sinks' gradient summed over ranks, fp32,
+atol 1e-5; and the block kernel calls of the forward counted: exactly the (query chunk, key chunk) pairs holding
+a visible pair are computed, every other one skipped.
 """
 
 import itertools
+from unittest import mock
 
 import pp_toy
 import torch
@@ -42,6 +48,8 @@ from titan_parallel import (
     shard_sequence,
     unshard_sequence,
 )
+from titan_parallel.cp import ring_attention as ring_module
+from titan_parallel.cp.attention_block import block_forward
 
 VOCAB, DIM, N_HEADS, N_KV_HEADS, HIDDEN, N_LAYERS = 64, 32, 4, 2, 64, 2
 HEAD_DIM = DIM // N_HEADS
@@ -108,6 +116,72 @@ def ring_documents_case(mesh, causal: bool, gqa: bool, variant: str, seq_len: in
     for name, (actual, full) in pairs.items():
         reference = shard_sequence([full], mesh, seq_dim=2)[0]
         torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def dense_attention(q, k, v, visible, sinks):
+    """Attention with a boolean mask [B, 1, S, S] and, optionally, a sink logit per head as one more column."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    return probs[..., : k.shape[2]] @ v
+
+
+def computed_chunk_pairs(visible: torch.Tensor, cp: int, rank: int) -> int:
+    """(query chunk, key chunk) pairs of `rank`'s queries over all keys with a visible pair in any row."""
+    chunk = visible.shape[-1] // (2 * cp)
+    mine = (rank, 2 * cp - 1 - rank)
+    any_row = visible.any(dim=(0, 1))
+    return sum(
+        bool(any_row[q * chunk : (q + 1) * chunk, k * chunk : (k + 1) * chunk].any())
+        for q in mine
+        for k in range(2 * cp)
+    )
+
+
+def ring_window_case(mesh, window, sinks: bool, docs: bool, gqa: bool, variant: str, kernel: str, seq_len: int):
+    g = torch.Generator().manual_seed(seq_len + 3 * (window or 0) + 10 * sinks + 20 * docs + 40 * gqa)
+    kv_heads = 2 if gqa else 4
+    q = torch.randn(2, 4, seq_len, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, kv_heads, seq_len, 8, generator=g, requires_grad=True)
+    sink = (torch.randn(4, generator=g) * 2).requires_grad_() if sinks else None
+    grad_out = torch.randn(2, 4, seq_len, 8, generator=g)
+    ids = document_ids(seq_len) if docs else torch.zeros(2, seq_len, dtype=torch.long)
+    visible = document_mask(ids, causal=True)
+    if window is not None:
+        position = torch.arange(seq_len)
+        visible = visible & (position[:, None] - position[None, :] < window)
+    expected = dense_attention(q, k, v, visible, sink)
+    expected.backward(grad_out)
+
+    local = [t.detach().requires_grad_() for t in shard_sequence([q, k, v], mesh, seq_dim=2)]
+    local_sink = sink.detach().clone().requires_grad_() if sinks else None
+    local_ids = shard_sequence([ids], mesh)[0] if docs else None
+    calls = []
+    counting = lambda *a, **kw: calls.append(1) or block_forward(*a, **kw)  # noqa: E731
+    with mock.patch.object(ring_module, "block_forward", counting):
+        out = ring_attention(
+            *local, mesh, True, variant=variant, kernel=kernel, document_ids=local_ids, window=window, sinks=local_sink
+        )
+    out.backward(shard_sequence([grad_out], mesh, seq_dim=2)[0])
+    pairs = {
+        "out": (out, expected),
+        **{f"d{n}": (t.grad, r.grad) for n, t, r in zip("qkv", local, (q, k, v), strict=True)},
+    }
+    for name, (actual, full) in pairs.items():
+        reference = shard_sequence([full], mesh, seq_dim=2)[0]
+        torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    if sinks:
+        dist.all_reduce(local_sink.grad, group=mesh.get_group())  # each rank's share is its queries'
+        torch.testing.assert_close(local_sink.grad, sink.grad, rtol=0, atol=1e-5)
+    if window is not None:
+        cp, rank = mesh.size(), mesh.get_local_rank()
+        expected_calls = computed_chunk_pairs(visible, cp, rank)
+        assert len(calls) == expected_calls, f"{len(calls)} blocks computed, {expected_calls} hold a visible pair"
 
 
 def errors_case(mesh) -> None:
@@ -300,6 +374,13 @@ def cases(world: int) -> dict:
     for causal, gqa, variant, seq_len in itertools.product((True, False), (False, True), ("p2p", "allgather"), (48,)):
         name = f"ring_documents_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_{seq_len}"
         found[name] = lambda a=(causal, gqa, variant, seq_len): ring_documents_case(mesh, *a)
+    windows = [(None, True, False), (5, False, False), (13, True, False), (5, True, True), (200, True, True)]
+    for (window, sinks, docs), gqa, variant, kernel in itertools.product(
+        windows, (False, True), ("p2p", "allgather"), ("auto", "math")
+    ):
+        name = f"ring_window_{window}_{'sinks' if sinks else 'nosinks'}_{'docs' if docs else 'nodocs'}"
+        name += f"_{'gqa' if gqa else 'mha'}_{variant}_{kernel}_48"
+        found[name] = lambda a=(window, sinks, docs, gqa, variant, kernel, 48): ring_window_case(mesh, *a)
     found["errors"] = lambda: errors_case(mesh)
     if world == 2:
         cp2 = lambda: ParallelDims(1, 1, 2, 1, 1, 2)  # noqa: E731

@@ -15,7 +15,7 @@ from multiprocess import launch  # noqa: E402
 
 from titan_parallel import apply_cp, load_balanced_positions
 from titan_parallel.cp.attention_block import block_backward, block_forward
-from titan_parallel.cp.ring_attention import _merge
+from titan_parallel.cp.ring_attention import _merge, sub_blocks
 
 SCRIPT = Path(__file__).with_name("cp_script.py")
 MODEL_CASES = {
@@ -44,7 +44,15 @@ def case_names(world: int) -> list[str]:
         f"ring_documents_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}_{variant}_48"
         for causal, gqa, variant in itertools.product((True, False), (False, True), ("p2p", "allgather"))
     ]
-    return [*ring, *documents, "errors", *MODEL_CASES[world]]
+    windows = [(None, True, False), (5, False, False), (13, True, False), (5, True, True), (200, True, True)]
+    window = [
+        f"ring_window_{w}_{'sinks' if sinks else 'nosinks'}_{'docs' if docs else 'nodocs'}"
+        f"_{'gqa' if gqa else 'mha'}_{variant}_{kernel}_48"
+        for (w, sinks, docs), gqa, variant, kernel in itertools.product(
+            windows, (False, True), ("p2p", "allgather"), ("auto", "math")
+        )
+    ]
+    return [*ring, *documents, *window, "errors", *MODEL_CASES[world]]
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +131,38 @@ def test_torch_implementation_needs_cuda():
         apply_cp(torch.nn.Module(), None, ["attention"], implementation="torch")
 
 
-def test_a_sliding_window_is_refused_naming_the_module():
+def test_a_sliding_window_is_refused_by_torchs_implementation_naming_the_module():
     model = torch.nn.Module()
     model.attention = torch.nn.Module()
     model.attention.sliding_window = 4
-    with pytest.raises(ValueError, match="attention: a sliding window \\(4 keys\\) is not in context parallelism"):
-        apply_cp(model, None, ["attention"])
+    with pytest.raises(ValueError, match="implementation='torch' needs a CUDA DeviceMesh"):
+        apply_cp(model, None, ["attention"], implementation="torch")
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.parametrize("window", [1, 3, 6, 7, 13, 100])
+def test_sub_blocks_cover_exactly_the_visible_pairs(cp, window):
+    """Every visible (query, key) pair of a rank is computed exactly once over all blocks, nothing else is
+    computed but the masked remainder of the chunk pairs the window cuts: sub_blocks against a dense mask."""
+    seq_len = 12 * cp
+    chunk = seq_len // (2 * cp)
+    position = torch.arange(seq_len)
+    visible = (position[:, None] >= position[None, :]) & (position[:, None] - position[None, :] < window)
+    for rank in range(cp):
+        mine = load_balanced_positions(seq_len, cp, rank)
+        covered = torch.zeros(seq_len, seq_len, dtype=torch.int)
+        for source in range(cp):
+            theirs = load_balanced_positions(seq_len, cp, source)
+            for block in sub_blocks(rank, source, cp, True, 2 * chunk, window):
+                q_pos, k_pos = mine[block.rows], theirs[block.cols]
+                seen = visible[q_pos[:, None], k_pos[None, :]]
+                assert seen.any(), f"rank {rank} computes a block of {source} with nothing visible"
+                if block.causal:
+                    seen = seen & torch.ones_like(seen).tril()
+                cut = not seen.all() and not block.causal
+                assert (block.window_origin is not None) == (cut or (block.causal and window < chunk)), block
+                covered[q_pos[:, None], k_pos[None, :]] += seen.int()
+        assert torch.equal(covered[mine].bool(), visible[mine]) and covered.max() <= 1
 
 
 def test_masked_block_with_rows_that_see_no_key():

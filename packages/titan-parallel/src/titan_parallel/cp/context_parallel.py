@@ -84,23 +84,48 @@ class RingAttention(nn.Module):
         variant: str,
         kernel: str,
         scale: float | None = None,
+        sliding_window: int | None = None,
     ):
         super().__init__()
         group = cp_group(cp_mesh)
         # Plain values, resolved here outside any compiled region: the op takes the group by name.
         self.group_name, self.cp = group.group_name, dist.get_world_size(group)
         self.is_causal, self.variant, self.kernel, self.scale = is_causal, variant, kernel, scale
+        self.sliding_window = sliding_window
+        """Keys a query sees, itself included, in global positions (None: no window); kept from the swapped module."""
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        *,
+        sinks: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """document_ids: this rank's shard [B, S_local] of each token's document (block-causal attention)."""
+        """document_ids: this rank's shard [B, S_local] of each token's document (block-causal attention).
+        sinks [H]: a learned logit per head in the softmax denominator. positions: accepted for the swapped
+        module's interface and not read -- the load-balanced layout fixes every token's global position, which
+        is what the window is measured in."""
         return ring_attention_by_name(
-            q, k, v, self.group_name, self.cp, self.is_causal, self.scale, self.variant, self.kernel, document_ids
+            q,
+            k,
+            v,
+            self.group_name,
+            self.cp,
+            self.is_causal,
+            self.scale,
+            self.variant,
+            self.kernel,
+            document_ids,
+            self.sliding_window,
+            sinks,
         )
 
     def extra_repr(self) -> str:
-        return f"cp={self.cp}, is_causal={self.is_causal}, variant={self.variant!r}"
+        window = "" if self.sliding_window is None else f", sliding_window={self.sliding_window}"
+        return f"cp={self.cp}, is_causal={self.is_causal}, variant={self.variant!r}{window}"
 
 
 def apply_cp(
@@ -114,8 +139,9 @@ def apply_cp(
 ) -> list[str]:
     """Swap the modules matching `attention_fqns` (patterns, "*" matches one name; e.g.
     "layers.*.attention.inner_attention") for context-parallel attention over `cp_mesh`. In place; returns
-    the FQNs swapped. Each must compute attention from (q, k, v) alone; its `is_causal` attribute (default
-    True) and softmax `scale` (default None: 1 / sqrt(head width)) are kept. The model is then fed
+    the FQNs swapped. Each must compute attention from (q, k, v) alone (plus document_ids and attention sinks by
+    keyword); its `is_causal` attribute (default True), softmax `scale` (default None: 1 / sqrt(head width)) and
+    `sliding_window` (default None) are kept. The model is then fed
     `shard_sequence`'d inputs, and its positions (RoPE) must follow `load_balanced_positions`.
 
     `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
@@ -133,18 +159,18 @@ def apply_cp(
         if not any(fqn_matches(pattern, fqn) for pattern in attention_fqns):
             continue
         is_causal, scale = getattr(module, "is_causal", True), getattr(module, "scale", None)
-        if getattr(module, "sliding_window", None) is not None:
-            raise ValueError(
-                f"{fqn}: a sliding window ({module.sliding_window} keys) is not in context parallelism's ring "
-                "attention yet; train this model without context parallelism"
-            )
+        window = getattr(module, "sliding_window", None)
         if implementation == "torch":
             if scale is not None:
                 raise ValueError(f"{fqn}: a softmax scale of its own ({scale}) needs implementation='titan'")
+            if window is not None:
+                raise ValueError(f"{fqn}: a sliding window ({window} keys) needs implementation='titan'")
             _apply_torch_cp(module, cp_mesh, variant)
         else:
             parent, _, name = fqn.rpartition(".")
-            ring = RingAttention(cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel, scale=scale)
+            ring = RingAttention(
+                cp_mesh, is_causal=is_causal, variant=variant, kernel=kernel, scale=scale, sliding_window=window
+            )
             setattr(model.get_submodule(parent), name, ring)
         swapped.append(fqn)
     if not swapped and attention_fqns:

@@ -21,15 +21,26 @@ gathered once (a few integers per token), so each block also masks query/key pai
 on top of the shapes above, and a block where no pair shares a document is skipped in forward and backward
 (its K/V still travel on). The split stays the load-balanced one. Masked blocks run the math kernel (the
 fused kernels take no mask).
+
+A sliding window (`window`: a query sees itself and the window - 1 keys before it, GPT-OSS's local layers) works
+chunk by chunk: every (query chunk, key chunk) pair of a block is skipped when no key of it lies in any query's
+window (nothing computed, forward or backward: the saving that makes CP cheap for windowed layers), computed with
+the fused kernel when the window hides none of its pairs, and masked (math kernel) where it cuts through.
+
+Attention sinks (`sinks`, a learned logit per head in the softmax denominator) enter once, after the merge: a
+sink is one more key with logit s and a zero value, so the merged output is scaled by sigmoid(lse - s) and the
+lse becomes logaddexp(lse, s). Backward then runs from that output and lse unchanged -- exp(score - lse) is
+each key's share of the softmax with the sink in it -- and the sink's gradient is -sum(exp(s - lse) * D) over
+this rank's queries, D = rowsum(dout * out) (summed over the ranks by whatever reduces replicated gradients).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -50,6 +61,8 @@ def ring_attention(
     variant: str = "p2p",
     kernel: str = "auto",
     document_ids: torch.Tensor | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's queries over the whole sharded sequence: q [B, H, S_local, D], k/v
     [B, Hkv, S_local, D] (Hkv divides H: grouped-query attention without repeating K/V), SDPA's layout.
@@ -58,15 +71,30 @@ def ring_attention(
     gradients. `variant`: "p2p" (ring of point-to-point hops) or "allgather". `kernel`: per-block attention,
     "auto" (the device's fused SDPA kernel when it has one for the dtype, else math), "fused" or "math".
     `document_ids`: this rank's shard [B, S_local] of each token's document (sharded like q): a query then
-    reads only keys of its own document (block-causal attention over packed sequences).
+    reads only keys of its own document (block-causal attention over packed sequences). `window`: keys a
+    query sees, itself included, measured in global positions (causal only). `sinks` [H]: a learned logit per
+    query head in the softmax denominator.
     """
     group = cp_group(cp_group_or_mesh)
     cp = dist.get_world_size(group)
-    return ring_attention_by_name(q, k, v, group.group_name, cp, causal, scale, variant, kernel, document_ids)
+    return ring_attention_by_name(
+        q, k, v, group.group_name, cp, causal, scale, variant, kernel, document_ids, window, sinks
+    )
 
 
 def ring_attention_by_name(
-    q, k, v, group_name: str, cp: int, causal: bool, scale, variant: str, kernel: str, document_ids=None
+    q,
+    k,
+    v,
+    group_name: str,
+    cp: int,
+    causal: bool,
+    scale,
+    variant: str,
+    kernel: str,
+    document_ids=None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """`ring_attention` on a group given by name and size: nothing here that torch.compile cannot trace."""
     if variant not in VARIANTS:
@@ -88,9 +116,13 @@ def ring_attention_by_name(
         raise ValueError(
             f"document_ids {tuple(document_ids.shape)} must be [batch, local length] = {(q.shape[0], q.shape[2])}"
         )
+    if window is not None and (not causal or window < 1):
+        raise ValueError(f"ring attention's window={window} needs causal attention and at least one key")
+    if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {q.shape[1]} query heads")
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    kernel = pick_kernel(q, kernel, v.shape[-1]) if document_ids is None else "math"
-    out, _ = _ring_forward(q, k, v, group_name, causal, scale, variant, kernel, document_ids)
+    kernel = pick_kernel(q, kernel, v.shape[-1])
+    out, _ = _ring_forward(q, k, v, group_name, causal, scale, variant, kernel, document_ids, window, sinks)
     return out
 
 
@@ -104,6 +136,62 @@ def _block_slices(rank: int, source: int, causal: bool, length: int) -> tuple[sl
     if source < rank:
         return every, slice(0, half), False
     return slice(half, None), every, False
+
+
+class SubBlock(NamedTuple):
+    """A piece of one block that is computed: query rows and key rows of the local tensors, causal (a diagonal
+    chunk pair), and where the window cuts through it the global positions of its first query and first key."""
+
+    rows: slice
+    cols: slice
+    causal: bool
+    window_origin: tuple[int, int] | None
+
+
+def sub_blocks(rank: int, source: int, cp: int, causal: bool, length: int, window: int | None) -> list[SubBlock]:
+    """What `rank` computes of the block `source` holds: the block's shape (`_block_slices`) without a window;
+    with one, each (query chunk, key chunk) pair that has a key inside some query's window. Chunk c of 2 * cp
+    holds positions [c * half, (c + 1) * half); rank r holds chunks r and 2 * cp - 1 - r."""
+    if window is None:
+        return [SubBlock(*_block_slices(rank, source, causal, length), None)]
+    half = length // 2
+    mine = [(slice(0, half), rank), (slice(half, None), 2 * cp - 1 - rank)]
+    theirs = [(slice(0, half), source), (slice(half, None), 2 * cp - 1 - source)]
+    pieces = []
+    for rows, q_chunk in mine:
+        for cols, k_chunk in theirs:
+            if k_chunk > q_chunk:
+                continue  # every key after every query
+            nearest = 0 if k_chunk == q_chunk else (q_chunk - k_chunk - 1) * half + 1
+            farthest = (q_chunk - k_chunk + 1) * half - 1
+            if nearest >= window:
+                continue  # every key outside every query's window: skipped
+            origin = (q_chunk * half, k_chunk * half) if farthest >= window else None
+            pieces.append(SubBlock(rows, cols, k_chunk == q_chunk, origin))
+    return pieces
+
+
+def _block_mask(documents, window: int | None, rank: int, source: int, block: SubBlock, device: torch.device):
+    """Bool [B or 1, Sq, Sk] for the sub-block (True: may attend), None when nothing but its causal shape masks
+    it, or False when no query/key pair of it shares a document (the block is skipped)."""
+    rows, cols = block.rows, block.cols
+    mask = None
+    if documents is not None:
+        mask = documents[rank][:, rows].unsqueeze(-1) == documents[source][:, cols].unsqueeze(-2)
+    if block.window_origin is not None:
+        # A window's sub-block is one chunk by one chunk: rows.stop is its length (slice(0, half)) or None
+        # (slice(half, None), as long).
+        half = rows.stop or rows.start
+        q_pos, k_pos = (origin + torch.arange(half, device=device) for origin in block.window_origin)
+        in_window = (q_pos[:, None] - k_pos[None, :] < window).unsqueeze(0)
+        mask = in_window if mask is None else mask & in_window
+    if mask is None:
+        return None
+    if block.causal:
+        mask = mask & torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()
+    if documents is None:
+        return mask  # a window alone never empties a sub-block sub_blocks kept
+    return mask if bool(mask.any()) else False
 
 
 def _blocks(buffer: torch.Tensor, group: dist.ProcessGroup, variant: str):
@@ -143,29 +231,35 @@ def _ring_forward(
     variant: str,
     kernel: str,
     document_ids: torch.Tensor | None,
+    window: int | None,
+    sinks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     group = _resolve_process_group(group_name)
-    rank, shapes = dist.get_rank(group), (k.shape, v.shape)
+    rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
     documents = _gather_documents(document_ids, group)
-    out = lse = None
+    # Every query row sees at least itself, so after all blocks no lse is -inf; the merge starts from "no key".
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     for source, kv in _blocks(pack(k, v), group, variant):
         kb, vb = unpack(kv, shapes)
-        rows, cols, block_causal = _block_slices(rank, source, causal, q.shape[2])
-        mask = _document_mask(documents, rank, source, rows, cols, block_causal)
-        if mask is False:
-            continue
-        block_out, block_lse = block_forward(
-            q[:, :, rows], kb[:, :, cols], vb[:, :, cols], block_causal, scale, kernel, mask=mask
-        )
-        if out is None:  # own block first: it covers every query row (copies, as they are merged into in place)
-            out, lse = block_out.to(torch.float32, copy=True), block_lse.clone()
-        else:
+        for block in sub_blocks(rank, source, cp, causal, q.shape[2], window):
+            mask = _block_mask(documents, window, rank, source, block, q.device)
+            if mask is False:
+                continue
+            rows, cols = block.rows, block.cols
+            block_out, block_lse = block_forward(
+                q[:, :, rows], kb[:, :, cols], vb[:, :, cols], block.causal, scale, _kernel(kernel, mask), mask=mask
+            )
             _merge(out[:, :, rows], lse[:, :, rows], block_out, block_lse)
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1)
+        out.mul_(torch.sigmoid(lse - sink).unsqueeze(-1))
+        lse = torch.logaddexp(lse, sink)
     return out.to(q.dtype), lse
 
 
 @_ring_forward.register_fake
-def _(q, k, v, group_name, causal, scale, variant, kernel, document_ids):
+def _(q, k, v, group_name, causal, scale, variant, kernel, document_ids, window, sinks):
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -183,50 +277,66 @@ def _ring_backward(
     variant: str,
     kernel: str,
     document_ids: torch.Tensor | None,
+    window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     group = _resolve_process_group(group_name)
-    rank, shapes = dist.get_rank(group), (k.shape, v.shape)
+    rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
     documents = _gather_documents(document_ids, group)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     grads = _GradRing(group, shapes, q.device) if variant == "p2p" else _GradGather(group, shapes, q.device)
     for source, kv in _blocks(pack(k, v), group, variant):
         kb, vb = unpack(kv, shapes)
-        rows, cols, block_causal = _block_slices(rank, source, causal, q.shape[2])
-        mask = _document_mask(documents, rank, source, rows, cols, block_causal)
-        if mask is False:
-            grads.add(source, cols, None, None)  # the accumulator still travels on
-            continue
-        dq_b, dk_b, dv_b = block_backward(
-            dout[:, :, rows],
-            q[:, :, rows],
-            kb[:, :, cols],
-            vb[:, :, cols],
-            out[:, :, rows],
-            lse[:, :, rows],
-            block_causal,
-            scale,
-            kernel,
-            mask=mask,
-        )
-        dq[:, :, rows] += dq_b
-        grads.add(source, cols, dk_b, dv_b)
+        shares = []  # (key rows, dk, dv) of this block; none at all still passes the accumulator on
+        for block in sub_blocks(rank, source, cp, causal, q.shape[2], window):
+            mask = _block_mask(documents, window, rank, source, block, q.device)
+            if mask is False:
+                continue
+            rows, cols = block.rows, block.cols
+            dq_b, dk_b, dv_b = block_backward(
+                dout[:, :, rows],
+                q[:, :, rows],
+                kb[:, :, cols],
+                vb[:, :, cols],
+                out[:, :, rows],
+                lse[:, :, rows],
+                block.causal,
+                scale,
+                _kernel(kernel, mask),
+                mask=mask,
+            )
+            dq[:, :, rows] += dq_b
+            shares.append((cols, dk_b, dv_b))
+        grads.add(source, shares)
     dk, dv = grads.result()  # views of one buffer: copies, as a custom op's outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
 @_ring_backward.register_fake
-def _(dout, q, k, v, out, lse, group_name, causal, scale, variant, kernel, document_ids):
+def _(dout, q, k, v, out, lse, group_name, causal, scale, variant, kernel, document_ids, window):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def _kernel(kernel: str, mask) -> str:
+    """A masked sub-block needs the math kernel (the fused kernels take no mask); the others keep the choice."""
+    return "math" if mask is not None else kernel
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, *ctx.args = inputs
-    ctx.save_for_backward(q, k, v, *output)
+    q, k, v, *args = inputs
+    *ctx.args, sinks = args
+    ctx.save_for_backward(q, k, v, *output, sinks)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    return (*_ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args), *[None] * len(ctx.args))
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+    dsinks = None
+    if sinks is not None:
+        # The sink is a key with a zero value: its score's gradient is its share exp(s - lse) times (0 - D).
+        row_dot = (dout.float() * out.float()).sum(-1)
+        share = torch.exp(sinks.float().view(1, -1, 1) - lse)
+        dsinks = -(share * row_dot).sum(dim=(0, 2)).to(sinks.dtype)
+    return dq, dk, dv, *[None] * len(ctx.args), dsinks
 
 
 _ring_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -235,11 +345,14 @@ _ring_forward.register_autograd(_backward, setup_context=_setup_context)
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
     """Fold one block's (output, lse) into the running float32 ones, in place (views of the rows it covers).
 
-    out' = (e^lse out + e^lse_b out_b) / (e^lse + e^lse_b), lse' = log(e^lse + e^lse_b), written with
-    sigmoids so that no exponential of a large lse is ever formed (ring-flash-attention's stable form)."""
-    weight = torch.sigmoid(block_lse - lse).unsqueeze(-1)
-    out.sub_(weight * (out - block_out.float()))
-    lse.sub_(F.logsigmoid(lse - block_lse))
+    out' = (e^lse out + e^lse_b out_b) / (e^lse + e^lse_b) = out + w (out_b - out) with w = e^(lse_b - lse'),
+    lse' = logaddexp(lse, lse_b): no exponential of a large lse is ever formed. A row without keys so far (lse
+    -inf) takes the block's values; a row the block does not reach (lse_b -inf, a document mask) keeps its own,
+    also where both are -inf (w is then NaN, set to 0)."""
+    merged = torch.logaddexp(lse, block_lse)
+    weight = torch.exp(block_lse - merged).nan_to_num_(0.0).unsqueeze(-1)
+    out.add_(weight * (block_out.float() - out))
+    lse.copy_(merged)
 
 
 class _GradRing:
@@ -249,16 +362,14 @@ class _GradRing:
         self.ring, self.shapes, self.device = Ring(group), shapes, device
         self.hop = None
 
-    def add(self, source: int, cols: slice, dk: torch.Tensor | None, dv: torch.Tensor | None) -> None:
+    def add(self, source: int, shares: list[tuple[slice, torch.Tensor, torch.Tensor]]) -> None:
+        """shares: (key rows, dk, dv) this rank computed for `source`'s block; empty for a skipped block."""
         if self.hop is None:  # own block: the accumulator starts here
             numel = sum(s.numel() for s in self.shapes)
             acc = torch.zeros(numel, dtype=torch.float32, device=self.device)
         else:
             acc = self.hop.wait()
-        if dk is not None:  # None: a skipped block, nothing to add
-            dk_acc, dv_acc = unpack(acc, self.shapes)
-            dk_acc[:, :, cols] += dk
-            dv_acc[:, :, cols] += dv
+        _accumulate(acc, self.shapes, shares)
         self.hop = self.ring.start(acc, GRAD_TAG)
 
     def result(self) -> list[torch.Tensor]:
@@ -273,12 +384,15 @@ class _GradGather:
         numel = sum(s.numel() for s in shapes)
         self.acc = torch.zeros(dist.get_world_size(group), numel, dtype=torch.float32, device=device)
 
-    def add(self, source: int, cols: slice, dk: torch.Tensor | None, dv: torch.Tensor | None) -> None:
-        if dk is None:
-            return
-        dk_acc, dv_acc = unpack(self.acc[source], self.shapes)
-        dk_acc[:, :, cols] += dk
-        dv_acc[:, :, cols] += dv
+    def add(self, source: int, shares: list[tuple[slice, torch.Tensor, torch.Tensor]]) -> None:
+        _accumulate(self.acc[source], self.shapes, shares)
 
     def result(self) -> list[torch.Tensor]:
         return unpack(reduce_scatter_sum(self.acc, self.group), self.shapes)
+
+
+def _accumulate(acc: torch.Tensor, shapes, shares) -> None:
+    dk_acc, dv_acc = unpack(acc, shapes)
+    for cols, dk, dv in shares:
+        dk_acc[:, :, cols] += dk
+        dv_acc[:, :, cols] += dv
