@@ -8,7 +8,8 @@ titan_parallel: model (the apply order) -> one folder per parallelism -> mesh, p
 do not import each other, except where one's rule is about another: AC saves ring attention's outputs and auto
 AC traces the loss head; SimpleFSDP refuses compiled whole-block checkpoints (ac's rule).
 titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3, gpt_oss; hyena) and generate -> decoder
--> moe; plan, tp_styles and seeded_init are shared modules any room may read, which import no room.
+-> moe; linear_attention stands alone below the families; plan, tp_styles and seeded_init are shared modules any room
+may read, which import no room.
 """
 
 import importlib
@@ -43,6 +44,8 @@ ALLOWED = {
         "hyena": {"decoder", "plan", "tp_styles", "seeded_init"},
         "decoder": {"moe", "plan", "tp_styles", "seeded_init"},
         "moe": {"seeded_init"},
+        # A token mixer on its own (Gated DeltaNet), plain torch; the families that use it will import it.
+        "linear_attention": {"seeded_init"},
         "plan": set(),
         "tp_styles": set(),
         "seeded_init": set(),
