@@ -25,9 +25,3 @@ def test_generation_past_max_seq_len_extends_rope(build):
     model = build("llama3", "tiny", max_seq_len=16)
     new = generate(model, [1, 2, 3], max_new_tokens=30)
     assert new.shape == (30,)
-
-
-@pytest.mark.parametrize("overrides", [dict(attention_sinks=True), dict(sliding_window=8)])
-def test_sinks_and_windows_are_refused_until_the_cache_implements_them(build, overrides):
-    with pytest.raises(ValueError, match="KV-cache decoding does not implement attention sinks or sliding windows"):
-        LlamaDecoder(build("llama3", "tiny", **overrides), max_len=16)

@@ -1,5 +1,5 @@
-"""Generation from a trained model: the decoder (Llama 3, Qwen3, ...) with a KV cache, Hyena with exact online
-long convolutions.
+"""Generation from a trained model: the decoder (Llama 3, Qwen3, ..., GPT-OSS with its sinks, and a rolling cache
+of the window on its sliding layers) with a KV cache, Hyena with exact online long convolutions.
 
     tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, seed=0,
                       strategy="flash")     # Hyena: "lazy" | "eager" | "flash"

@@ -27,6 +27,8 @@ class MTPDrafter:
         model = decoder.model
         if model.mtp is None:
             raise ValueError("MTPDrafter needs a model with multi-token prediction modules (mtp_layers > 0)")
+        if any(window is not None for window in decoder.windows):
+            raise ValueError("MTPDrafter needs full KV caches; this model's sliding layers roll theirs (no rewind)")
         self.decoder, self.model = decoder, model
         self.modules = list(model.mtp.values())
         batch_size, max_len = decoder.key_valid.shape

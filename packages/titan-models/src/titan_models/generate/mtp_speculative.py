@@ -4,7 +4,8 @@ Each round the MTP modules draft up to D tokens past the main model's next one (
 reads that token and the draft in one forward (D + 1 positions) and keeps the longest prefix of the draft that
 equals its own greedy choices, plus its own token after that prefix. The output is therefore plain greedy
 decoding's (generate(..., temperature=0)), token for token; what the draft changes is how many main forwards
-it takes. The positions of a rejected draft are dropped from the main cache (LlamaDecoder.rewind) and recomputed
+it takes. (A model with sliding-window layers is refused: their rolling cache cannot drop a rejected draft.)
+The positions of a rejected draft are dropped from the main cache (LlamaDecoder.rewind) and recomputed
 in the modules' caches at the next draft.
 
 A batch accepts, each round, the shortest prefix any of its rows accepts, so every row stays exact and all rows
@@ -59,6 +60,13 @@ def check_speculative(model: nn.Module, options: GenerationOptions) -> None:
         raise ValueError(
             "speculative decoding with MTP modules needs a model trained with them: this one has mtp_layers = 0 "
             "(train with model.mtp_layers = D > 0, or decode without speculation)"
+        )
+    windowed = [i for i in range(model.args.n_layers) if model.args.window_for(i) is not None]
+    if windowed:
+        raise ValueError(
+            f"speculative decoding with MTP modules cannot run on a model with sliding-window layers ({windowed}, "
+            f"sliding_window={model.args.sliding_window}): their rolling KV cache keeps only the window and "
+            "cannot roll a rejected draft back; decode without speculation (titan-generate: drop --speculative mtp)"
         )
     if options.temperature != 0:
         raise ValueError(

@@ -44,6 +44,14 @@ def check_speculative_model(model: torch.nn.Module, source: str):
             f"--speculative mtp needs a model with multi-token prediction modules, but {source} has {has}: "
             "give a model trained with model.mtp_layers > 0 (its recipe or checkpoint), or drop --speculative"
         )
+    args = model.args
+    windowed = [i for i in range(args.n_layers) if args.window_for(i) is not None]
+    if windowed:
+        raise ConfigError(
+            f"--speculative mtp cannot run on {source}: its sliding-window layers {windowed} (sliding_window="
+            f"{args.sliding_window}) keep a rolling KV cache of the window alone, which cannot roll a rejected draft "
+            "back; drop --speculative"
+        )
     return SpeculationStats()
 
 
