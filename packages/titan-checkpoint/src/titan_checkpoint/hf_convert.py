@@ -75,7 +75,8 @@ def _import(folder: Path, source: Location, out: Location, dtype: torch.dtype | 
     # Every tensor in memory at once: DCP writes one state dict. Tied tensors are held once, named twice.
     progress = ByteProgress(_tensor_bytes(set(hf_weight_files(folder).values())), f"importing {folder}")
     tensors = {}
-    for fqn, tensor in load_hf_safetensors(folder, adapter):
+    # MXFP4 tensors have no stored float dtype: bf16, the published folders' other one, holds their values exactly.
+    for fqn, tensor in load_hf_safetensors(folder, adapter, mxfp4_dtype=cast or torch.bfloat16):
         if all(tensor is not seen for seen in tensors.values()):  # a tied tensor comes again under its alias
             progress.add(tensor.numel() * tensor.element_size())
         tensors[fqn] = tensor

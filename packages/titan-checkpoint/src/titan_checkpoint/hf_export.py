@@ -259,6 +259,7 @@ def _export(
     seconds = time.perf_counter() - progress.start
     logger.info(
         f"checkpoint: exported {checkpoint} to {out} ({len(weight_map)} tensors, {total / 1e9:.2f} GB in "
-        f"{len(shards)} file(s), {dtype}, {seconds:.1f}s)"
+        f"{len(shards)} file(s), all {dtype}, none quantized: MXFP4 experts imported from a folder are not "
+        f"re-quantized, {seconds:.1f}s)"
     )
     return out

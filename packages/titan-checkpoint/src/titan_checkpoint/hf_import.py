@@ -4,7 +4,8 @@ Every rank reads the tensors it holds a part of (memory-mapped, never pickled) a
 `distribute_tensor(..., src_data_rank=None)` cuts the local piece without communication. A tensor Hugging
 Face stores once for two of our names (tied embeddings: the adapter's aliases()) fills both. When the
 folder has a config.json, the model it describes must be the one being loaded (shape, RoPE, tying), or
-the load is refused before any tensor is read.
+the load is refused before any tensor is read. Tensors stored in MXFP4 (a blocks and a scales tensor in place of
+one, GPT-OSS's published experts) are dequantized as they are read (hf_mxfp4.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from titan_checkpoint.adapters import model_differences, read_hf_config
 from titan_checkpoint.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from titan_checkpoint.hf_fused import fused_hf_keys
+from titan_checkpoint.hf_mxfp4 import dequantize_mxfp4, mxfp4_pairs
 from titan_checkpoint.location import as_location
 
 logger = logging.getLogger("titan.checkpoint")
@@ -100,7 +103,11 @@ def hf_weight_files(folder: str | os.PathLike) -> dict[str, Path]:
 
 
 def load_hf_safetensors(
-    folder: str | os.PathLike, adapter: Any, *, only: Container[str] | None = None
+    folder: str | os.PathLike,
+    adapter: Any,
+    *,
+    only: Container[str] | None = None,
+    mxfp4_dtype: torch.dtype = torch.float32,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(our FQN, tensor) for each tensor of a Hugging Face folder, read and converted one at a time; a
     tensor shared by several of our FQNs (adapter.aliases()) comes once per FQN, as the same tensor; one
@@ -108,9 +115,26 @@ def load_hf_safetensors(
     tensor that holds two of ours (adapter.fused_hf_keys(), e.g. GPT-OSS's gate_up_proj) gives both (hf_fused.py).
 
     adapter: maps HF names and tensors to ours (see titan_checkpoint.adapters). only: FQNs to read (e.g.
-    a pipeline stage's); the others are skipped without being read.
+    a pipeline stage's); the others are skipped without being read. mxfp4_dtype: of the tensors the folder stores
+    in MXFP4 (X_blocks and X_scales instead of X: the published GPT-OSS experts, hf_mxfp4.py), dequantized on
+    reading and from then on treated as X; the other tensors come as stored.
     """
     files = hf_weight_files(folder)
+    needed = set(adapter.hf_keys()) if hasattr(adapter, "hf_keys") else None
+    # X stored as X_blocks + X_scales (possibly in two files) stands under X from here on; read() dequantizes it.
+    mxfp4: dict[str, tuple[str, Path, str, Path]] = {}
+    for key, (blocks, scales) in mxfp4_pairs(files, needed, str(folder)).items():
+        mxfp4[key] = (blocks, files.pop(blocks), scales, files.pop(scales))
+        files[key] = mxfp4[key][1]
+    dequantized = 0
+
+    def read(f: Any, file: Path, hf_key: str) -> torch.Tensor:
+        nonlocal dequantized
+        if hf_key not in mxfp4:
+            return _get_tensor(f, file, hf_key)
+        dequantized += 1
+        return _read_mxfp4(*mxfp4[hf_key], mxfp4_dtype)
+
     if hasattr(adapter, "skips_hf_key"):
         skipped = sorted(key for key in files if adapter.skips_hf_key(key))
         if skipped:
@@ -120,7 +144,7 @@ def load_hf_safetensors(
     # A tied folder may store the shared tensor under both names; ours reads it once, under its own.
     fused = fused_hf_keys(adapter)
     files = {key: file for key, file in files.items() if key in fused or not _is_alias_key(adapter, key, aliases)}
-    if hasattr(adapter, "hf_keys"):
+    if needed is not None:
         missing = [key for key in adapter.hf_keys() if key not in files]
         if missing:
             raise CheckpointMismatchError(
@@ -135,7 +159,7 @@ def load_hf_safetensors(
         with _open(file) as f:
             for hf_key in keys:
                 if hf_key in fused:
-                    yield from _read_fused(f, file, hf_key, fused[hf_key], adapter, aliases, only)
+                    yield from _read_fused(partial(read, f, file, hf_key), fused[hf_key], adapter, aliases, only)
                     continue
                 try:
                     fqn = adapter.from_hf_key(hf_key)
@@ -145,7 +169,7 @@ def load_hf_safetensors(
                 names = [name for name in names if only is None or name in only]
                 if not names:
                     continue
-                tensor = adapter.from_hf_tensor(hf_key, _get_tensor(f, file, hf_key))
+                tensor = adapter.from_hf_tensor(hf_key, read(f, file, hf_key))
                 stacked = adapter.stacked_hf_keys(fqn) if hasattr(adapter, "stacked_hf_keys") else None
                 if stacked is not None:  # one slice of ours (e.g. one expert): stacked once all are read
                     slices = pending.setdefault(fqn, {})
@@ -160,6 +184,11 @@ def load_hf_safetensors(
         fqn, slices = next(iter(pending.items()))
         missing = [key for key in adapter.stacked_hf_keys(fqn) if key not in slices]
         raise CheckpointMismatchError(f"{folder} lacks {', '.join(missing[:3])} (part of our {fqn})")
+    if dequantized:
+        logger.info(
+            f"checkpoint: {folder}: {dequantized} tensor(s) dequantized from MXFP4 to {mxfp4_dtype}; an export "
+            "writes them unquantized, in the export's dtype"
+        )
 
 
 def _get_tensor(f: Any, file: Path, hf_key: str) -> torch.Tensor:
@@ -171,22 +200,31 @@ def _get_tensor(f: Any, file: Path, hf_key: str) -> torch.Tensor:
         ) from e
 
 
+def _read_mxfp4(blocks: str, blocks_file: Path, scales: str, scales_file: Path, dtype: torch.dtype) -> torch.Tensor:
+    with _open(blocks_file) as f:
+        packed = _get_tensor(f, blocks_file, blocks)
+    with _open(scales_file) as f:
+        exponents = _get_tensor(f, scales_file, scales)
+    try:
+        return dequantize_mxfp4(packed, exponents, dtype)
+    except ValueError as e:
+        raise CheckpointMismatchError(f"{blocks_file}: {blocks} and {scales}: {e}") from e
+
+
 def _read_fused(
-    f: Any,
-    file: Path,
-    hf_key: str,
+    read: Callable[[], torch.Tensor],
     pair: tuple[str, str],
     adapter: Any,
     aliases: dict[str, str],
     only: Container[str] | None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our FQN, tensor) for each of the two tensors the fused `hf_key` holds (and their aliases) that `only`
-    accepts; unread if it accepts neither."""
+    """(our FQN, tensor) for each of the two tensors the fused Hugging Face tensor (`read()`) holds (and their
+    aliases) that `only` accepts; unread if it accepts neither."""
     names = {fqn: [n for n in (fqn, *(a for a, s in aliases.items() if s == fqn)) if only is None or n in only]
              for fqn in pair}  # fmt: skip
     if not any(names.values()):
         return
-    halves = adapter.split_from_hf(_get_tensor(f, file, hf_key))
+    halves = adapter.split_from_hf(read())
     for fqn, half in zip(pair, halves, strict=True):
         for name in names[fqn]:
             yield name, half
@@ -210,7 +248,10 @@ def load_hf_into_model(model: nn.Module | Sequence[nn.Module], folder: str | os.
     for part in parts:
         targets.update(get_model_state_dict(part))
     loaded = set()
-    for fqn, tensor in load_hf_safetensors(folder, adapter, only=targets):
+    # MXFP4 tensors dequantize straight into the model's dtype where it has one (bf16: half the memory of fp32).
+    dtypes = {target.dtype for target in targets.values() if target.is_floating_point()}
+    mxfp4_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    for fqn, tensor in load_hf_safetensors(folder, adapter, only=targets, mxfp4_dtype=mxfp4_dtype):
         target = targets[fqn]
         if tuple(tensor.shape) != tuple(target.shape):
             raise CheckpointMismatchError(
