@@ -116,9 +116,10 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
         assert all(name.startswith("SimpleFSDP") for name in linear), f"{where}: linear classes {linear}"
 
     ep = int(o.get("parallelism.expert_parallel_degree", 1))
-    _assert_expert_parallel(part, ep, where, mtp_layers=int(o.get("model.mtp_layers", 0)))
+    sparse_layers, experts = _tiny_moe(o)
+    _assert_expert_parallel(part, ep, where, sparse_layers, experts, mtp_layers=int(o.get("model.mtp_layers", 0)))
     if tp > 1:
-        _assert_moe_tensor_parallel(part, where, ep)
+        _assert_moe_tensor_parallel(part, where, ep, sparse_layers)
     data_dims = {"dp_replicate", "dp_shard", "cp", "dp_shard_cp", "dp", "edp_shard", "dp_shard_in_ep"}
     for name, p in part["params"].items():
         sharded_on = dict(zip(p["mesh"], p["placements"], strict=True))
@@ -155,14 +156,20 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
         assert not any("tp" in p["mesh"] for p in part["params"].values()), f"{where}: tp mesh without tp"
 
 
-SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe tiny: layer 0 dense
+SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe and deepseek_v3 tiny: layer 0 dense
 EXPERTS = 8
+# model.name -> (sparse layers, experts) of its tiny flavor, where they differ from the above.
+TINY_MOE = {"gpt_oss": (("layers.0", "layers.1", "layers.2", "layers.3"), 4)}
 
 
-def _assert_moe_tensor_parallel(part: dict, where: str, ep: int) -> None:
+def _tiny_moe(o: dict) -> tuple[tuple[str, ...], int]:
+    return TINY_MOE.get(o.get("model.name"), (SPARSE_LAYERS, EXPERTS))
+
+
+def _assert_moe_tensor_parallel(part: dict, where: str, ep: int, sparse_layers: tuple[str, ...]) -> None:
     """Every sparse layer tensor-parallel as a whole, the router replicated: experts split on their hidden
     units, or beside expert parallelism left to it (the tp ranks are expert-parallel ranks then, ETP = 1)."""
-    for fqn in SPARSE_LAYERS:
+    for fqn in sparse_layers:
         if f"{fqn}.feed_forward.experts.w1" not in part["params"]:
             continue  # a dense model, or a stage without this layer
         style = part["tp_styles"].get(f"{fqn}.feed_forward")
@@ -186,16 +193,18 @@ def assert_expert_all_to_all(collectives_by_rank: list[dict], options: list[str]
         assert sizes == ([ep] if ep > 1 else []), f"rank {rank}: all-to-all on groups of {sizes}, ep {ep}: {seen}"
 
 
-def _assert_expert_parallel(part: dict, ep: int, where: str, mtp_layers: int = 0) -> None:
+def _assert_expert_parallel(
+    part: dict, ep: int, where: str, sparse_layers: tuple[str, ...], experts: int, mtp_layers: int = 0
+) -> None:
     """Every sparse layer's experts split over `ep` ranks, and the multi-token prediction modules' (their block is
     of the last layer's kind, sparse in the tiny MoE flavors); none split without expert parallelism."""
     if ep == 1:
         assert part["expert_parallel"] == {}, f"{where}: expert parallel {part['expert_parallel']}"
         return
-    want = {f"{fqn}.feed_forward.experts": {"ep": ep, "experts": EXPERTS, "local_experts": EXPERTS // ep}
-            for fqn in SPARSE_LAYERS if fqn in part["blocks"]}  # fmt: skip
-    if SPARSE_LAYERS[-1] in part["blocks"]:  # the part holding the last layer holds the MTP modules
-        want |= {f"mtp.{k}.block.feed_forward.experts": want[f"{SPARSE_LAYERS[-1]}.feed_forward.experts"]
+    want = {f"{fqn}.feed_forward.experts": {"ep": ep, "experts": experts, "local_experts": experts // ep}
+            for fqn in sparse_layers if fqn in part["blocks"]}  # fmt: skip
+    if sparse_layers[-1] in part["blocks"]:  # the part holding the last layer holds the MTP modules
+        want |= {f"mtp.{k}.block.feed_forward.experts": want[f"{sparse_layers[-1]}.feed_forward.experts"]
                  for k in range(1, mtp_layers + 1)}  # fmt: skip
     assert part["expert_parallel"] == want, f"{where}: expert parallel {part['expert_parallel']}"
 

@@ -28,6 +28,8 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 EP2 = ["--parallelism.expert_parallel_degree", "2"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 DEEPSEEK = ("--model.name", "deepseek_v3")
+GPT_OSS = ("--model.name", "gpt_oss")
+CP2 = ["--parallelism.context_parallel_degree", "2"]
 # (id, world size, data-parallel degree, options the reference shares, options)
 CASES = [
     ("fsdp2", 2, 2, (), []),
@@ -69,6 +71,22 @@ CASES = [
                                                                      "--activation_checkpoint.mode", "selective"]),
     ("deepseek_tp2_aux_free", 2, 1, (*DEEPSEEK, *AUX_FREE), [*TP2]),
     ("deepseek_fsdp2_tp2_ep2_sequence_aux", 4, 2, (*DEEPSEEK, *SEQUENCE_AUX), [*TP2, *EP2]),
+    # GPT-OSS (tiny: sinks, an 8-token window on layers 0 and 2, biased attention, router and experts, the clamped
+    # SwiGLU, YaRN). Under CP the window cuts the 16-token chunks (cp 2) and 8-token ones (cp 4): ring blocks are
+    # skipped, masked and fused; the sinks' gradients are summed over the cp ranks.
+    ("gpt_oss_fsdp2", 2, 2, GPT_OSS, []),
+    ("gpt_oss_ep2_ac_full", 2, 2, GPT_OSS, [*EP2, "--activation_checkpoint.mode", "full"]),
+    ("gpt_oss_pp2_sequence_aux", 2, 1, (*GPT_OSS, *SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2]),
+    ("gpt_oss_fsdp2_float8", 2, 2, (*GPT_OSS, "--float8.enable", "true", "--float8.emulate", "true"), []),
+    ("gpt_oss_cp2_block_causal_aux_free", 2, 1, (*GPT_OSS, *AUX_FREE, "--model.attention_mask", "block_causal"),
+     [*CP2]),
+    ("gpt_oss_fsdp2_cp2_compile_aux_free", 4, 2, (*GPT_OSS, *AUX_FREE), [*CP2, "--compile.enable", "true"]),
+    ("gpt_oss_cp4_aux_free", 4, 1, (*GPT_OSS, *AUX_FREE), ["--parallelism.context_parallel_degree", "4"]),
+    # Tensor parallel: the sinks split by head, the router's bias replicated, w1/w3 biases split on hidden and w2's
+    # added once, after the reduction (added on every rank, the losses from step 2 on move past the tolerance).
+    ("gpt_oss_tp2", 2, 1, GPT_OSS, [*TP2]),
+    ("gpt_oss_fsdp2_tp2_compile", 4, 2, GPT_OSS, [*TP2, "--compile.enable", "true"]),
+    ("gpt_oss_tp2_ep4_cp2_aux_free", 4, 1, (*GPT_OSS, *AUX_FREE), [*TP2, *CP2, "--parallelism.expert_parallel_degree", "4"]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

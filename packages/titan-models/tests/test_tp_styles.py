@@ -1,6 +1,6 @@
 import pytest
 
-from titan_models.tp_styles import ChannelShard, ExpertsHiddenShard
+from titan_models.tp_styles import ChannelShard, ExpertsHiddenShard, ParameterShard
 
 
 def test_channel_shard_is_plain_data_titan_parallel_recognizes():
@@ -17,3 +17,13 @@ def test_channel_shard_refuses_a_lone_name():
 
 def test_experts_hidden_shard_is_plain_data_titan_parallel_recognizes():
     assert ExpertsHiddenShard().parallel_style == "experts_hidden_shard"  # what titan_parallel.apply_tp matches on
+
+
+def test_parameter_shard_is_plain_data_titan_parallel_recognizes():
+    assert ParameterShard().parallel_style == "parameter_shard"  # what titan_parallel.apply_tp matches on
+    assert ParameterShard().dim == 0
+
+
+def test_parameter_shard_refuses_a_dim_that_is_not_a_dim():
+    with pytest.raises(TypeError, match=r"ParameterShard\(dim=-1\) needs a dim >= 0"):
+        ParameterShard(dim=-1)

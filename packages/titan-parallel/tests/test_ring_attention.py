@@ -140,17 +140,19 @@ def test_a_sliding_window_is_refused_by_torchs_implementation_naming_the_module(
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
-@pytest.mark.parametrize("window", [1, 3, 6, 7, 13, 100])
-def test_sub_blocks_cover_exactly_the_visible_pairs(cp, window):
-    """Every visible (query, key) pair of a rank is computed exactly once over all blocks, nothing else is
-    computed but the masked remainder of the chunk pairs the window cuts: sub_blocks against a dense mask."""
-    seq_len = 12 * cp
+@pytest.mark.parametrize("window", [1, 3, 6, 7, 13, 19, 100])
+def test_sub_blocks_cover_exactly_the_visible_pairs_and_no_more_than_the_band(cp, window):
+    """Every visible (query, key) pair of a rank is computed exactly once over all blocks; each sub-block holds a
+    visible pair; with a window no longer than a chunk, at most 2 window - 1 keys are scored per query (the band):
+    sub_blocks against a dense mask."""
+    seq_len = 40 * cp
     chunk = seq_len // (2 * cp)
     position = torch.arange(seq_len)
     visible = (position[:, None] >= position[None, :]) & (position[:, None] - position[None, :] < window)
     for rank in range(cp):
         mine = load_balanced_positions(seq_len, cp, rank)
         covered = torch.zeros(seq_len, seq_len, dtype=torch.int)
+        scored = 0
         for source in range(cp):
             theirs = load_balanced_positions(seq_len, cp, source)
             for block in sub_blocks(rank, source, cp, True, 2 * chunk, window):
@@ -158,11 +160,17 @@ def test_sub_blocks_cover_exactly_the_visible_pairs(cp, window):
                 seen = visible[q_pos[:, None], k_pos[None, :]]
                 assert seen.any(), f"rank {rank} computes a block of {source} with nothing visible"
                 if block.causal:
+                    assert block.window_origin is None and len(q_pos) == len(k_pos)
                     seen = seen & torch.ones_like(seen).tril()
-                cut = not seen.all() and not block.causal
-                assert (block.window_origin is not None) == (cut or (block.causal and window < chunk)), block
+                if block.window_origin is None:  # computed without a window mask: the window must hide nothing
+                    assert seen.sum() == (len(q_pos) * (len(q_pos) + 1) // 2 if block.causal else seen.numel())
+                else:
+                    assert block.window_origin == (int(q_pos[0]), int(k_pos[0]))
                 covered[q_pos[:, None], k_pos[None, :]] += seen.int()
+                scored += seen.numel()
         assert torch.equal(covered[mine].bool(), visible[mine]) and covered.max() <= 1
+        if window <= chunk:
+            assert scored <= (2 * window - 1) * len(mine), (scored, window, chunk)
 
 
 def test_masked_block_with_rows_that_see_no_key():

@@ -1,5 +1,6 @@
-"""GPT-OSS through titan-train's config: the layouts its attention (sinks, sliding windows) does not run on yet are
-refused before anything is built, naming the key."""
+"""GPT-OSS through titan-train's config: the one layout its attention (sinks, sliding windows) does not run on
+(torch's context parallelism) is refused before anything is built, naming the key; Titan's ring and tensor
+parallelism are not."""
 
 import pytest
 
@@ -18,12 +19,26 @@ def test_the_tiny_flavor_has_sinks_and_windows():
     assert args.attention_sinks and args.sliding_window is not None
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_degree", "context_parallel_degree"])
-def test_tensor_and_context_parallelism_are_refused_naming_the_key(key):
+def test_torchs_context_parallelism_is_refused_naming_the_key_titans_is_not():
+    cp2 = ("--parallelism.context_parallel_degree", "2")
     with pytest.raises(ConfigError) as error:
-        args_of(f"--parallelism.{key}", "2")
-    assert f"parallelism.{key}=2: model 'gpt_oss' (tiny) has attention sinks, a 8-key window" in str(error.value)
-    assert f"(parallelism.{key} = 1)" in str(error.value)
+        args_of(*cp2, "--parallelism.context_parallel_implementation", "torch")
+    message, key = str(error.value), "parallelism.context_parallel_implementation"
+    assert f"{key}='torch': model 'gpt_oss' (tiny) has attention sinks, a 8-key window" in message
+    assert f"{key} = 'titan'" in message
+    assert args_of(*cp2).sliding_window == 8
+
+
+def test_tensor_parallelism_passes_this_check():
+    args = args_of("--parallelism.tensor_parallel_degree", "2")
+    assert args.attention_sinks and args.moe.expert_proj_bias
+
+
+def test_simple_fsdp_beside_tensor_parallelism_is_refused_for_expert_biases():
+    refused = r"fsdp_implementation='simple_fsdp' with parallelism.tensor_parallel_degree=2: .* has expert biases"
+    with pytest.raises(ConfigError, match=refused):
+        args_of("--parallelism.tensor_parallel_degree", "2", "--parallelism.fsdp_implementation", "simple_fsdp")
+    args_of("--parallelism.fsdp_implementation", "simple_fsdp")  # without tensor parallelism: nothing to replace
 
 
 def test_data_expert_and_pipeline_parallelism_pass_this_check():

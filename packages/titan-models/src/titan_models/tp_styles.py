@@ -2,6 +2,7 @@
 
 titan-models imports torch only, so it cannot build titan-parallel's styles; it names them instead, and
 titan_parallel.apply_tp turns each declaration into the style (matching `parallel_style`, not the class).
+A declaration is keyed by a module's FQN, except ParameterShard's, keyed by a parameter's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ class ExpertsHiddenShard:
     routes the whole sequence with the replicated router and computes every expert on its slice of the
     hidden units (w1 / w3 sharded on dim 2, w2 on dim 1), so the layer's output is a partial sum that is
     reduce-scattered back over the sequence, as a row-wise projection's is. The layer reads plain local
-    tensors (`local_tensor`). titan-parallel applies it as MoETensorParallel."""
+    tensors (`local_tensor`). With GPT-OSS's biases: the router's `gate.bias` is replicated like its weight,
+    `experts.w1_bias` / `w3_bias` [experts, hidden] are split on hidden like w1 / w3, and `experts.w2_bias`
+    [experts, dim] is replicated and added on one rank only (the output is a partial sum, reduced once).
+    titan-parallel applies it as MoETensorParallel."""
 
     parallel_style: ClassVar[str] = "experts_hidden_shard"
 
@@ -47,3 +51,19 @@ class HeadsShareInput:
     tensor. titan-parallel applies it as SharedInputParallel."""
 
     parallel_style: ClassVar[str] = "heads_share_input"
+
+
+@dataclass(frozen=True)
+class ParameterShard:
+    """For one parameter that follows the heads (GPT-OSS's attention sinks [n_heads]): its plan key names the
+    parameter, not a module ("layers.*.attention.sinks"), and it is sharded on `dim` as the heads are (Shard(0),
+    as a column-wise wq splits its output rows), so each rank reads this rank's heads' part as a plain local
+    tensor. Keyed by the parameter, it leaves the owner module's own entry (a PrepareModuleInput on
+    "layers.*.attention") in place. titan-parallel applies it as ShardParameters on the owner module."""
+
+    dim: int = 0
+    parallel_style: ClassVar[str] = "parameter_shard"
+
+    def __post_init__(self):
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 0:
+            raise TypeError(f"ParameterShard(dim={self.dim!r}) needs a dim >= 0, e.g. 0 for a per-head parameter")

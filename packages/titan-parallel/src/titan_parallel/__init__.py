@@ -11,7 +11,7 @@
 - The parallelisms, one file each, usable alone: `apply_tp` (+ `check_tp_degree`, `loss_context`; plan values
   are ParallelStyles or styles declared as data: `parallel_style='channel_shard'` -> `ChannelParallel`,
   `parallel_style='experts_hidden_shard'` -> `MoETensorParallel`, `parallel_style='heads_share_input'` ->
-  `SharedInputParallel`),
+  `SharedInputParallel`, `parallel_style='parameter_shard'` keyed by a parameter -> `ShardParameters` on its owner),
   `apply_cp` (+ `shard_sequence` / `unshard_sequence` / `load_balanced_positions`, `ring_attention`),
   `apply_ac`, `apply_compile`, `apply_fsdp` / `apply_ddp`, `apply_simple_fsdp` (`SIMPLE_FSDP_MODES`,
   `sharded_params`, `enable_overlap` with `OVERLAP_MODES`), `clip_grad_norm_`.
@@ -71,6 +71,7 @@ from titan_parallel.tp.async_tensor_parallel import (
 from titan_parallel.tp.async_tp_ops import all_gather_matmul, matmul_reduce_scatter
 from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.moe_parallel import MoETensorParallel
+from titan_parallel.tp.parameter_shard import ShardParameters
 from titan_parallel.tp.shared_input import SharedInputParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
@@ -95,6 +96,7 @@ __all__ = [
     "Muon",
     "MoETensorParallel",
     "SharedInputParallel",
+    "ShardParameters",
     "OVERLAP_MODES",
     "ParallelDims",
     "ParallelModel",

@@ -1,5 +1,6 @@
 """How the decoder is split: block names and TorchTitan's tensor + sequence parallel plan, with the entries its
-variations (declared by its args) need: q/k norms, multi-head latent attention, sparse feed-forward layers."""
+variations (declared by its args) need: q/k norms, multi-head latent attention, attention sinks, sparse feed-forward
+layers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
-from titan_models.tp_styles import ExpertsHiddenShard, HeadsShareInput
+from titan_models.tp_styles import ExpertsHiddenShard, HeadsShareInput, ParameterShard
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -50,7 +51,13 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
     - q_norm / k_norm (qk_norm: one weight shared by all heads) see this rank's heads: sequence-parallel over
       the heads dim (2 of [bs, seqlen, heads, head_dim]), their weight replicated, its gradient summed;
     - multi-head latent attention's entries instead of grouped-query attention's (mla_tp_plan);
-    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan);
+    - attention sinks (GPT-OSS: one logit per query head) sharded with their heads, Shard(0) as wq's output rows
+      (ParameterShard, keyed by the parameter: "layers.*.attention" keeps its PrepareModuleInput). The q/k/v/o
+      biases need no entry of their own: ColwiseParallel shards a Linear's bias with its output rows,
+      RowwiseParallel replicates wo's and adds it once, after the reduction. A sliding window needs nothing: heads
+      are independent, and every rank sees the whole sequence;
+    - with experts, the feed-forward entries per layer (sparse_feed_forward_plan; ExpertsHiddenShard splits the
+      router's bias and the experts' biases too, see titan_models.tp_styles);
     - with multi-token prediction, the MTP modules' entries (mtp_tp_plan)."""
     from torch.distributed.tensor.parallel import SequenceParallel
 
@@ -60,6 +67,8 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
     elif args.qk_norm:
         for norm in ("q_norm", "k_norm"):
             plan[f"layers.*.attention.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    if args.attention_sinks:
+        plan["layers.*.attention.sinks"] = ParameterShard(dim=0)
     return mtp_tp_plan(sparse_feed_forward_plan(plan, args), args)
 
 

@@ -1,12 +1,15 @@
-"""How GPT-OSS is split: the decoder's plan (titan_models.decoder.plan) as it stands, its sparse layers split as
-Qwen3-MoE's are and the routed experts named for expert parallelism.
-
-What that plan does not yet say for GPT-OSS's own tensors (titan-parallel's side; decoder/plan.py is not this
-family's to change): the q/k/v/o biases need nothing, torch's ColwiseParallel / RowwiseParallel split or replicate a
-Linear's bias with its weight; the sinks (attention.sinks [n_heads]) must be sharded by head, Shard(0), like wq's
-output rows (Attention reads its local part); the router bias is replicated like the router weight; the experts'
-biases w1_bias / w3_bias [experts, hidden] must be split like w1 / w3 on hidden (ExpertsHiddenShard) and along
-experts under expert parallelism, w2_bias [experts, dim] along experts only and added once, after the reduction."""
+"""How GPT-OSS is split: the decoder's plan (titan_models.decoder.plan), which takes its entries from the args, so
+this family's own tensors are covered where the args declare them:
+- the q/k/v/o biases need no entry: torch's ColwiseParallel / RowwiseParallel split or replicate a Linear's bias
+  with its weight (wo's added once, after the reduction);
+- the sinks (attention.sinks [n_heads], args.attention_sinks) are sharded by head, Shard(0), like wq's output
+  rows (ParameterShard, keyed "layers.*.attention.sinks"; Attention reads its local part);
+- the sliding windows need nothing: heads are independent and each rank attends over the whole sequence;
+- the sparse layers are split as Qwen3-MoE's are (ExpertsHiddenShard): the router bias replicated like the router
+  weight, the experts' w1_bias / w3_bias [experts, hidden] split on hidden like w1 / w3, w2_bias [experts, dim]
+  replicated and added on one rank only, so once after the reduction; under expert parallelism every expert
+  tensor, biases included, is split along experts (titan_parallel.ep) and each rank adds its own experts' biases
+  to the rows it receives."""
 
 from titan_models.decoder.plan import decoder_plan as gpt_oss_plan
 from titan_models.decoder.plan import decoder_tp_plan as gpt_oss_tp_plan

@@ -24,8 +24,9 @@ fused kernels take no mask).
 
 A sliding window (`window`: a query sees itself and the window - 1 keys before it, GPT-OSS's local layers) works
 chunk by chunk: every (query chunk, key chunk) pair of a block is skipped when no key of it lies in any query's
-window (nothing computed, forward or backward: the saving that makes CP cheap for windowed layers), computed with
-the fused kernel when the window hides none of its pairs, and masked (math kernel) where it cuts through.
+window (nothing computed, forward or backward), computed with the fused kernel when the window hides none of its
+pairs, and where the window cuts through, only the band it leaves is computed, in tiles of `window` queries against
+the keys they can see (masked, math kernel): a rank's work is then ~ its queries x 2 window, not x the sequence.
 
 Attention sinks (`sinks`, a learned logit per head in the softmax denominator) enter once, after the merge: a
 sink is one more key with logit s and a zero value, so the merged output is scaled by sigmoid(lse - s) and the
@@ -140,7 +141,8 @@ def _block_slices(rank: int, source: int, causal: bool, length: int) -> tuple[sl
 
 class SubBlock(NamedTuple):
     """A piece of one block that is computed: query rows and key rows of the local tensors, causal (a diagonal
-    chunk pair), and where the window cuts through it the global positions of its first query and first key."""
+    chunk pair, fused kernel), and, where the window cuts through it, the global positions of its first query and
+    first key (its mask is built from them)."""
 
     rows: slice
     cols: slice
@@ -149,26 +151,48 @@ class SubBlock(NamedTuple):
 
 
 def sub_blocks(rank: int, source: int, cp: int, causal: bool, length: int, window: int | None) -> list[SubBlock]:
-    """What `rank` computes of the block `source` holds: the block's shape (`_block_slices`) without a window;
-    with one, each (query chunk, key chunk) pair that has a key inside some query's window. Chunk c of 2 * cp
-    holds positions [c * half, (c + 1) * half); rank r holds chunks r and 2 * cp - 1 - r."""
+    """What `rank` computes of the block `source` holds: the block's shape (`_block_slices`) without a window.
+    With one, per (query chunk, key chunk) pair: nothing when no key lies inside any query's window; the whole
+    pair when the window hides none of its pairs; else the band the window leaves, in tiles of `window` queries,
+    each against the keys its queries can see (window_tiles). Chunk c of 2 * cp holds positions
+    [c * half, (c + 1) * half); rank r holds chunks r and 2 * cp - 1 - r."""
     if window is None:
         return [SubBlock(*_block_slices(rank, source, causal, length), None)]
     half = length // 2
-    mine = [(slice(0, half), rank), (slice(half, None), 2 * cp - 1 - rank)]
-    theirs = [(slice(0, half), source), (slice(half, None), 2 * cp - 1 - source)]
+    mine = [(0, rank), (half, 2 * cp - 1 - rank)]  # (local offset, chunk)
+    theirs = [(0, source), (half, 2 * cp - 1 - source)]
     pieces = []
-    for rows, q_chunk in mine:
-        for cols, k_chunk in theirs:
+    for q_offset, q_chunk in mine:
+        for k_offset, k_chunk in theirs:
             if k_chunk > q_chunk:
                 continue  # every key after every query
             nearest = 0 if k_chunk == q_chunk else (q_chunk - k_chunk - 1) * half + 1
             farthest = (q_chunk - k_chunk + 1) * half - 1
             if nearest >= window:
                 continue  # every key outside every query's window: skipped
-            origin = (q_chunk * half, k_chunk * half) if farthest >= window else None
-            pieces.append(SubBlock(rows, cols, k_chunk == q_chunk, origin))
+            if farthest < window:
+                rows, cols = slice(q_offset, q_offset + half), slice(k_offset, k_offset + half)
+                pieces.append(SubBlock(rows, cols, k_chunk == q_chunk, None))
+                continue
+            pieces += window_tiles(q_offset, q_chunk * half, k_offset, k_chunk * half, half, window)
     return pieces
+
+
+def window_tiles(q_offset: int, q_start: int, k_offset: int, k_start: int, length: int, window: int) -> list[SubBlock]:
+    """The band a window leaves of a chunk pair (local offsets, global starts, `length` positions each): query
+    tiles of `window` rows, each against the keys from window - 1 before its first query to its last query, so a
+    tile computes at most window x (2 window - 1) scores for its ~window x window visible ones, not the chunk's."""
+    tiles = []
+    for first in range(0, length, window):
+        last = min(first + window, length) - 1
+        first_key = max(q_start + first - window + 1, k_start)
+        last_key = min(q_start + last, k_start + length - 1)
+        if last_key < first_key:
+            continue  # these queries see no key of the chunk
+        rows = slice(q_offset + first, q_offset + last + 1)
+        cols = slice(k_offset + first_key - k_start, k_offset + last_key - k_start + 1)
+        tiles.append(SubBlock(rows, cols, False, (q_start + first, first_key)))
+    return tiles
 
 
 def _block_mask(documents, window: int | None, rank: int, source: int, block: SubBlock, device: torch.device):
@@ -179,18 +203,19 @@ def _block_mask(documents, window: int | None, rank: int, source: int, block: Su
     if documents is not None:
         mask = documents[rank][:, rows].unsqueeze(-1) == documents[source][:, cols].unsqueeze(-2)
     if block.window_origin is not None:
-        # A window's sub-block is one chunk by one chunk: rows.stop is its length (slice(0, half)) or None
-        # (slice(half, None), as long).
-        half = rows.stop or rows.start
-        q_pos, k_pos = (origin + torch.arange(half, device=device) for origin in block.window_origin)
-        in_window = (q_pos[:, None] - k_pos[None, :] < window).unsqueeze(0)
+        # A window's tile has explicit bounds (window_tiles); its mask is causality and the window together.
+        q_origin, k_origin = block.window_origin
+        q_pos = q_origin + torch.arange(rows.stop - rows.start, device=device)
+        k_pos = k_origin + torch.arange(cols.stop - cols.start, device=device)
+        distance = q_pos[:, None] - k_pos[None, :]
+        in_window = ((distance >= 0) & (distance < window)).unsqueeze(0)
         mask = in_window if mask is None else mask & in_window
     if mask is None:
         return None
     if block.causal:
         mask = mask & torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()
     if documents is None:
-        return mask  # a window alone never empties a sub-block sub_blocks kept
+        return mask  # a window's tile always holds a visible pair
     return mask if bool(mask.any()) else False
 
 
@@ -238,7 +263,8 @@ def _ring_forward(
     rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
     documents = _gather_documents(document_ids, group)
     # Every query row sees at least itself, so after all blocks no lse is -inf; the merge starts from "no key".
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    # zeros_like keeps q's strides, which the fake kernel (empty_like) promises compiled callers.
+    out = torch.zeros_like(q, dtype=torch.float32)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     for source, kv in _blocks(pack(k, v), group, variant):
         kb, vb = unpack(kv, shapes)
@@ -282,7 +308,7 @@ def _ring_backward(
     group = _resolve_process_group(group_name)
     rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
     documents = _gather_documents(document_ids, group)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = torch.zeros_like(q, dtype=torch.float32)  # q's strides, as the fake kernel promises
     grads = _GradRing(group, shapes, q.device) if variant == "p2p" else _GradGather(group, shapes, q.device)
     for source, kv in _blocks(pack(k, v), group, variant):
         kb, vb = unpack(kv, shapes)
@@ -307,8 +333,9 @@ def _ring_backward(
             dq[:, :, rows] += dq_b
             shares.append((cols, dk_b, dv_b))
         grads.add(source, shares)
-    dk, dv = grads.result()  # views of one buffer: copies, as a custom op's outputs may not alias
-    return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
+    dk, dv = grads.result()
+    # Copies (views of one buffer may not be a custom op's outputs) in k's and v's strides, as the fake promises.
+    return dq.to(q.dtype), torch.empty_like(k).copy_(dk), torch.empty_like(v).copy_(dv)
 
 
 @_ring_backward.register_fake

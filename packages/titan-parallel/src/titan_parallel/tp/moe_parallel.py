@@ -22,13 +22,27 @@ ranks are part of the expert-parallel group (TorchTitan's ETP = 1) and each disp
 same expert-sorted rows (titan_parallel.ep.expert_parallel), its output zero elsewhere. The output is still a
 partial sum over the tp ranks, and everything above holds unchanged.
 
+GPT-OSS's biases (present where the layer holds them): the router's `gate.bias` is replicated like its weight
+(whole gradient on every rank, as the weight's). The experts' w1_bias / w3_bias [experts, hidden] are split on
+hidden like w1 / w3 (each rank adds its slice to its slice of the hidden units). w2_bias [experts, dim] is added to
+the experts' output rows, which are partial sums here: added on every rank it would count tp times after the
+reduction. It is stored replicated and read (a property on a swapped class, stored_params.py, as ChannelParallel's
+local views) as itself on the group's first rank and as zeros elsewhere, so it is added once; its gradient passes
+through unchanged on every rank, which is already the whole gradient there: the output's gradient reaches every
+rank whole (the reduce-scatter's backward all-gathers it) and the routing weights it is scaled by are the same on
+every rank. Beside expert parallelism none of this is needed for the experts: each row is computed whole by one
+rank, whose output is zero elsewhere, and apply_ep splits every expert tensor, biases included, along experts.
+SimpleFSDP, which reads every parameter through properties of its own, would override that view: titan-train
+refuses SimpleFSDP with tensor parallelism for experts with biases.
+
 Shared experts (DeepSeek-V3), every token's SwiGLU, are split on their hidden units too (w1 / w3 weights
 [hidden, dim] on dim 0, w2 [dim, hidden] on dim 1), in either case: their output is one more partial sum
 and their input gradient one more partial share, with no communication of their own.
 
 The module is duck typed (titan_models.moe.MoE): `router(tokens)` returns an object with `weights`
 [tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; optionally `shared_experts.w1` / `w2` /
-`w3` Linear layers computed from their local weights (titan_models' SharedExperts); `forward` returns
+`w3` Linear layers computed from their local weights (titan_models' SharedExperts); optionally `router.gate.bias`,
+`experts.w1_bias`, `w2_bias`, `w3_bias` (None where absent); `forward` returns
 (output, routing statistics). Its code reads plain local tensors (titan_models' `local_tensor`). A model
 package declares the style as data (`parallel_style == "experts_hidden_shard"`, titan_models.tp_styles).
 """
@@ -44,11 +58,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from titan_parallel.params.stored_params import reading_stored, stored, swap_class
 from titan_parallel.tp.shared_input import gather_sequence
 
 # Each weight's hidden-unit dim: the routed experts' [experts, dim, hidden] / [experts, hidden, dim], the shared
 # experts' Linear weights [hidden, dim] / [dim, hidden].
 HIDDEN_DIM = {"w1": 2, "w3": 2, "w2": 1}
+# GPT-OSS's expert biases split on hidden ([experts, hidden]); w2_bias [experts, dim] is added once instead.
+HIDDEN_BIAS_DIM = {"w1_bias": 1, "w3_bias": 1}
+OUTPUT_BIAS = "w2_bias"
+_CLASS_PREFIX = "MoETensorParallel"
 SHARED_HIDDEN_DIM = {"w1": 0, "w3": 0, "w2": 1}
 
 
@@ -67,12 +86,18 @@ class MoETensorParallel(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         _check_layer(module, device_mesh, self.expert_parallel)
         experts, router = module.experts, module.router
-        for name, dim in HIDDEN_DIM.items() if not self.expert_parallel else ():
-            _distribute(experts, name, device_mesh, Shard(dim))
+        for name, dim in {**HIDDEN_DIM, **HIDDEN_BIAS_DIM}.items() if not self.expert_parallel else ():
+            if getattr(experts, name, None) is not None:
+                _distribute(experts, name, device_mesh, Shard(dim))
+        if not self.expert_parallel and getattr(experts, OUTPUT_BIAS, None) is not None:
+            _distribute(experts, OUTPUT_BIAS, device_mesh, Replicate())
+            _add_once(experts, OUTPUT_BIAS, device_mesh)
         shared = getattr(module, "shared_experts", None)
         for name, dim in SHARED_HIDDEN_DIM.items() if shared is not None else ():
             _distribute(getattr(shared, name), "weight", device_mesh, Shard(dim))
         _distribute(router.gate, "weight", device_mesh, Replicate())
+        if getattr(router.gate, "bias", None) is not None:
+            _distribute(router.gate, "bias", device_mesh, Replicate())
         # As torch's styles do (a closure over the style's _prepare_*_fn), so the applied layout can name it.
         input_fn = partial(MoETensorParallel._prepare_input_fn, device_mesh)
         output_fn = partial(MoETensorParallel._prepare_output_fn, device_mesh)
@@ -107,6 +132,34 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
+
+
+class _OnFirstRank(torch.autograd.Function):
+    """Forward: x on the group's first rank, zeros elsewhere (summed over the group: x once). Backward: the gradient
+    unchanged on every rank, where it is already whole (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, first: bool) -> torch.Tensor:
+        return x.view_as(x) if first else torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def _add_once(module: nn.Module, name: str, mesh: DeviceMesh) -> None:
+    """Make `module.<name>` (a replicated DTensor on `mesh`) read as _OnFirstRank of its local tensor. The stored
+    DTensor is returned as it is inside sharded_params() (initialization writes into it) and where it is not on
+    `mesh`: FSDP2 reads back the (dp, tp) parameter it stores through getattr; in forward it holds the tp one."""
+    first = mesh.get_local_rank() == 0
+
+    def get(owner: nn.Module) -> torch.Tensor | None:
+        value = stored(owner, name)
+        if reading_stored() or not isinstance(value, DTensor) or value.device_mesh != mesh:
+            return value
+        return _OnFirstRank.apply(value.to_local(), first)
+
+    swap_class(module, _CLASS_PREFIX, (name, mesh, first), {name: property(get)})
 
 
 def _sum_weight_grads(routing, mesh: DeviceMesh):

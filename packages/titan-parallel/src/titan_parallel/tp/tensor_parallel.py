@@ -9,6 +9,9 @@ writes without importing titan-parallel (titan-models may import torch only), re
         -> MoETensorParallel()        (moe_parallel.py; titan_models.tp_styles.ExpertsHiddenShard)
     an object with parallel_style == "heads_share_input"
         -> SharedInputParallel()      (shared_input.py; titan_models.tp_styles.HeadsShareInput)
+    an object with parallel_style == "parameter_shard" and `dim`, keyed by a parameter's FQN ("owner.name")
+        -> ShardParameters({name: dim}) on the owner (parameter_shard.py; titan_models.tp_styles.ParameterShard),
+           applied after the module entries, so the owner keeps its own entry
 """
 
 import contextlib
@@ -22,6 +25,7 @@ from titan_parallel.options.option_names import named
 from titan_parallel.tp.async_tensor_parallel import async_tp_plan, enable_symmetric_memory_async_tp
 from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.moe_parallel import MoETensorParallel
+from titan_parallel.tp.parameter_shard import ShardParameters
 from titan_parallel.tp.shared_input import SharedInputParallel
 
 
@@ -53,8 +57,11 @@ def apply_tp(
     async_tensor_parallel.py. `expert_parallel`: the routed experts are expert-parallel over a group the tp
     ranks belong to (apply_ep with this mesh), so an `experts_hidden_shard` entry leaves them unsplit.
     """
+    parameters = _parameter_styles(plan)
     present = {
-        fqn: _as_parallel_style(fqn, style, expert_parallel) for fqn, style in plan.items() if not _absent(model, fqn)
+        fqn: _as_parallel_style(fqn, style, expert_parallel)
+        for fqn, style in plan.items()
+        if not _absent(model, fqn) and not _is_parameter_entry(style)
     }
     if async_tp == "titan":
         present = async_tp_plan(present, model=model)  # model: to log the layers that stay plain
@@ -62,7 +69,32 @@ def apply_tp(
         enable_symmetric_memory_async_tp()
     elif async_tp is not None:
         raise ValueError(f"async_tp={async_tp!r}; use None, 'titan' or 'symmetric_memory'")
-    return parallelize_module(model, mesh, present)
+    model = parallelize_module(model, mesh, present)
+    # A second pass: a parameter's owner may hold a style of its own above (one entry per FQN).
+    owners = {owner: style for owner, style in parameters.items() if not _absent(model, owner)}
+    return parallelize_module(model, mesh, owners) if owners else model
+
+
+def _is_parameter_entry(entry: object) -> bool:
+    return getattr(entry, "parallel_style", None) == "parameter_shard"
+
+
+def _parameter_styles(plan: dict[str, object]) -> dict[str, ShardParameters]:
+    """The plan's parameter entries ("layers.*.attention.sinks": a parameter_shard declaration) as one
+    ShardParameters per owner module pattern ("layers.*.attention": ShardParameters({"sinks": 0}))."""
+    dims: dict[str, dict[str, int]] = {}
+    for fqn, entry in plan.items():
+        if not _is_parameter_entry(entry):
+            continue
+        dim = getattr(entry, "dim", None)
+        if "." not in fqn or "*" in fqn.rsplit(".", 1)[1] or not isinstance(dim, int) or isinstance(dim, bool):
+            raise TypeError(
+                f"tensor-parallel plan entry {fqn!r} is {entry!r}: a parameter_shard entry is keyed by a parameter's "
+                "FQN ('layers.*.attention.sinks', the last name not a pattern) and has an int `dim`"
+            )
+        owner, name = fqn.rsplit(".", 1)
+        dims.setdefault(owner, {})[name] = dim
+    return {owner: ShardParameters(names) for owner, names in dims.items()}
 
 
 def _as_parallel_style(fqn: str, entry: object, expert_parallel: bool = False) -> ParallelStyle:
@@ -79,7 +111,8 @@ def _as_parallel_style(fqn: str, entry: object, expert_parallel: bool = False) -
     raise TypeError(
         f"tensor-parallel plan entry {fqn!r} is {entry!r}, which is neither a torch ParallelStyle nor a declared "
         "style; use a ParallelStyle, an object with parallel_style='channel_shard' and `sharded`, a tuple of "
-        "parameter/buffer names, or one with parallel_style='experts_hidden_shard' or 'heads_share_input'"
+        "parameter/buffer names, one with parallel_style='experts_hidden_shard' or 'heads_share_input', or one "
+        "with parallel_style='parameter_shard' and an int `dim`, keyed by a parameter's FQN"
     )
 
 

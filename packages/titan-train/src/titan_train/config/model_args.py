@@ -20,25 +20,43 @@ def model_args(config: JobConfig):
     args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
     args = _with_mtp(_with_moe_choices(_with_depth(args, config.model.n_layers), config), config)
     _check_attention_layouts(args, config)
+    _check_expert_bias_layouts(args, config)
     return args
 
 
 def _check_attention_layouts(args, config: JobConfig) -> None:
-    """Attention sinks and sliding windows (GPT-OSS) are not split by tensor parallelism (the sinks by head) nor run
-    in context parallelism's ring yet: refused before anything is built."""
+    """Attention sinks and sliding windows (GPT-OSS) run in Titan's ring attention (context parallelism skips the
+    blocks outside every window) and are split by tensor parallelism (the sinks by head); torch's context
+    parallelism has neither: refused before anything is built."""
     sinks, window = getattr(args, "attention_sinks", False), getattr(args, "sliding_window", None)
     if not sinks and window is None:
         return
     has = ", ".join(([] if not sinks else ["attention sinks"]) + ([] if window is None else [f"a {window}-key window"]))
     p = config.parallelism
-    for key, degree in (("tensor_parallel_degree", p.tensor_parallel_degree), ("context_parallel_degree",
-                        p.context_parallel_degree)):  # fmt: skip
-        if degree > 1:
-            raise ConfigError(
-                f"parallelism.{key}={degree}: model {config.model.name!r} ({config.model.flavor}) has {has}, which "
-                f"{key.split('_')[0]} parallelism does not handle yet; train it with FSDP/HSDP/DDP, expert or "
-                f"pipeline parallelism (parallelism.{key} = 1)"
-            )
+    if p.context_parallel_degree > 1 and p.context_parallel_implementation == "torch":
+        raise ConfigError(
+            f"parallelism.context_parallel_implementation='torch': model {config.model.name!r} "
+            f"({config.model.flavor}) has {has}, which torch's context parallelism does not compute; use "
+            "parallelism.context_parallel_implementation = 'titan'"
+        )
+
+
+def _check_expert_bias_layouts(args, config: JobConfig) -> None:
+    """Tensor parallelism adds the experts' output bias (w2_bias) on one tp rank through a property of the experts
+    module (titan_parallel.tp.moe_parallel); SimpleFSDP reads every parameter through properties of its own, which
+    would add it on every tp rank. (Beside expert parallelism the experts are not split that way, and expert
+    parallelism refuses SimpleFSDP on its own.)"""
+    p = config.parallelism
+    moe = getattr(args, "moe", None)
+    if moe is None or not moe.expert_proj_bias or p.tensor_parallel_degree == 1 or p.expert_parallel_degree > 1:
+        return
+    if p.fsdp_implementation == "simple_fsdp":
+        raise ConfigError(
+            f"parallelism.fsdp_implementation='simple_fsdp' with parallelism.tensor_parallel_degree="
+            f"{p.tensor_parallel_degree}: model {config.model.name!r} ({config.model.flavor}) has expert biases, "
+            "whose output bias tensor parallelism adds on one rank through a view SimpleFSDP would replace; use "
+            "parallelism.fsdp_implementation='fsdp2' (or expert parallelism)"
+        )
 
 
 def _with_depth(args, n_layers: int):
