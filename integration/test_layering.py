@@ -7,9 +7,10 @@ which drives the run, never the reverse).
 titan_parallel: model (the apply order) -> one folder per parallelism -> mesh, params, options; the parallelisms
 do not import each other, except where one's rule is about another: AC saves ring attention's outputs and auto
 AC traces the loss head; SimpleFSDP refuses compiled whole-block checkpoints (ac's rule).
-titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3, gpt_oss; hyena) and generate -> decoder
--> moe; linear_attention stands alone below the families; plan, tp_styles and seeded_init are shared modules any room
-may read, which import no room.
+titan_models: registry -> the families (llama3, qwen3 -> qwen3_moe, deepseek_v3, gpt_oss, qwen3_next; hyena) and
+generate -> decoder -> moe, linear_attention (the decoder builds Qwen3-Next's linear-attention layers from its args;
+linear_attention imports no room); plan, tp_styles and seeded_init are shared modules any room may read, which
+import no room.
 """
 
 import importlib
@@ -33,7 +34,17 @@ ALLOWED = {
         "data": set(),
     },
     "titan_models": {
-        "registry": {"llama3", "qwen3", "qwen3_moe", "deepseek_v3", "gpt_oss", "hyena", "decoder", "plan"},
+        "registry": {
+            "llama3",
+            "qwen3",
+            "qwen3_moe",
+            "deepseek_v3",
+            "gpt_oss",
+            "qwen3_next",
+            "hyena",
+            "decoder",
+            "plan",
+        },
         "generate": {"decoder", "hyena"},
         "llama3": {"decoder", "moe", "plan", "tp_styles"},
         # qwen3's config.json reading and writing hands Qwen3-MoE's to qwen3_moe, as before qwen3_moe existed.
@@ -41,10 +52,12 @@ ALLOWED = {
         "qwen3_moe": {"decoder", "moe", "plan", "tp_styles"},
         "deepseek_v3": {"decoder", "moe", "plan", "tp_styles"},
         "gpt_oss": {"decoder", "moe", "plan", "tp_styles"},
+        "qwen3_next": {"decoder", "linear_attention", "moe", "plan", "tp_styles", "seeded_init"},
         "hyena": {"decoder", "plan", "tp_styles", "seeded_init"},
-        "decoder": {"moe", "plan", "tp_styles", "seeded_init"},
+        # The token mixer of Qwen3-Next's "linear_attention" layers (args.layer_types) is built by the decoder's block.
+        "decoder": {"moe", "linear_attention", "plan", "tp_styles", "seeded_init"},
         "moe": {"seeded_init"},
-        # A token mixer on its own (Gated DeltaNet), plain torch; the families that use it will import it.
+        # A token mixer on its own (Gated DeltaNet), plain torch; the decoder and Qwen3-Next import it.
         "linear_attention": {"seeded_init"},
         "plan": set(),
         "tp_styles": set(),

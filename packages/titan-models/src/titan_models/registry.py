@@ -86,15 +86,18 @@ def _register_builtin_models() -> None:
     from titan_models.qwen3 import Qwen3HFAdapter, qwen3_plan
     from titan_models.qwen3_moe import FLAVORS as QWEN3_MOE_FLAVORS
     from titan_models.qwen3_moe import Qwen3MoeHFAdapter, qwen3_moe_plan
+    from titan_models.qwen3_next import FLAVORS as QWEN3_NEXT_FLAVORS
+    from titan_models.qwen3_next import Qwen3NextHFAdapter, qwen3_next_plan
 
     # One decoder for every family built on it: the flavors' args carry the differences (q/k norm, MLA, experts,
-    # sinks and windows).
+    # sinks and windows, linear-attention layers).
     for name, flavors, plan, adapter in (
         ("llama3", LLAMA3_FLAVORS, llama3_plan, Llama3HFAdapter),
         ("qwen3", QWEN3_FLAVORS, qwen3_plan, Qwen3HFAdapter),
         ("qwen3_moe", QWEN3_MOE_FLAVORS, qwen3_moe_plan, Qwen3MoeHFAdapter),
         ("deepseek_v3", DEEPSEEK_V3_FLAVORS, deepseek_v3_plan, DeepseekV3HFAdapter),
         ("gpt_oss", GPT_OSS_FLAVORS, gpt_oss_plan, GptOssHFAdapter),
+        ("qwen3_next", QWEN3_NEXT_FLAVORS, qwen3_next_plan, Qwen3NextHFAdapter),
     ):
         register_model(
             ModelSpec(

@@ -34,11 +34,12 @@ GPT_OSS_LIKE = dataclasses.replace(
         (
             dict(sliding_window=8, layer_types=["full_attention"] * 3),
             r"Llama3Args.layer_types has 3 entries but n_layers=4; give one entry per layer, each one of "
-            r"\('full_attention', 'sliding_attention'\), or None",
+            r"\('full_attention', 'sliding_attention', 'linear_attention'\), or None",
         ),
         (
             dict(sliding_window=8, layer_types=["full_attention", "local", "full_attention", "full_attention"]),
-            r"Llama3Args.layer_types\[1\]='local' is not one of \('full_attention', 'sliding_attention'\)",
+            r"Llama3Args.layer_types\[1\]='local' is not one of "
+            r"\('full_attention', 'sliding_attention', 'linear_attention'\)",
         ),
         (
             dict(layer_types=["full_attention", "sliding_attention"] * 2),

@@ -8,17 +8,21 @@ from dataclasses import dataclass
 from titan_models.decoder.attention_kernels import KERNELS as ATTENTION_KERNELS
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.decoder.rope import RopeScaling, YarnScaling
+from titan_models.linear_attention.args import GatedDeltaNetArgs
 from titan_models.moe.args import MoEArgs
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
-"""Hugging Face's names for a layer's attention, as DecoderArgs.layer_types holds them."""
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+"""Hugging Face's names for a layer's token mixer, as DecoderArgs.layer_types holds them: softmax attention over the
+whole causal past or a sliding window, or linear attention (Gated DeltaNet, args.linear_attention)."""
 
 
 @dataclass
 class DecoderArgs:
     """Shape of a decoder: Llama 3's, and the variations the other families declare as data (Qwen3: per-head
     q/k norm and its own head width; Qwen3-MoE: sparse feed-forward layers; DeepSeek-V3: multi-head latent
-    attention, YaRN and a DeepSeek MoE; GPT-OSS: attention sinks, sliding windows per layer, projection biases).
+    attention, YaRN and a DeepSeek MoE; GPT-OSS: attention sinks, sliding windows per layer, projection biases;
+    Qwen3-Next: linear-attention layers, gated attention output, partial RoPE, zero-centred norms, a gated shared
+    expert).
     Field names follow Meta's reference and TorchTitan, and Hugging Face's where those have none.
 
     Published as `Llama3Args` too (titan_models.llama3), the name flavor tables and checkpoints' configs
@@ -81,8 +85,23 @@ class DecoderArgs:
     Face's convention). Which layers slide: layer_types. None: no window anywhere."""
     layer_types: list[str] | None = None
     """Each layer's attention as Hugging Face writes it, one entry per layer: "full_attention" or
-    "sliding_attention" (GPT-OSS alternates them, starting with sliding). None: every layer slides when
+    "sliding_attention" (GPT-OSS alternates them, starting with sliding), or "linear_attention" (Qwen3-Next: a Gated
+    DeltaNet of shape args.linear_attention instead of softmax attention). None: every layer slides when
     sliding_window is set (Mistral), else every layer is full."""
+    linear_attention: GatedDeltaNetArgs | None = None
+    """Shape of the Gated DeltaNet of the layers layer_types marks "linear_attention" (Qwen3-Next); its dim must be
+    this dim. None: no linear-attention layer."""
+    attention_output_gate: bool = False
+    """Gated attention (Qwen3-Next): wq also emits a gate per query channel, and the attention output is multiplied
+    by sigmoid(gate) before wo. wq's rows per head are [query (head_dim) | gate (head_dim)], Hugging Face's q_proj
+    layout, so a split by heads keeps each head's gate with its query."""
+    partial_rotary_factor: float = 1.0
+    """Fraction of each query/key head RoPE rotates: the first int(head_dim * factor) channels, the rest pass
+    unrotated (Qwen3-Next: 0.25; Hugging Face's rope_parameters.partial_rotary_factor). 1: the whole head."""
+    zero_centered_norm: bool = False
+    """Every RMSNorm of the decoder (blocks, final, q/k) scales by (1 + weight), its weight initialized at 0, so
+    weight decay pulls the scale toward 1, not 0 (Qwen3-Next's Qwen3NextRMSNorm). The linear-attention output norm
+    keeps its plain weight."""
     attention_kernel: str = "auto"
     """The kernel for attention with sinks or a window: "auto" (SDPA without sinks, FlexAttention on CUDA,
     otherwise the exact eager fallback; see decoder/attention_kernels.py), or "sdpa", "flex" or "eager" forced.
@@ -94,8 +113,15 @@ class DecoderArgs:
 
     @property
     def rope_head_dim(self) -> int:
-        """Width of the part of a head RoPE rotates: the whole head, or MLA's rotary part."""
-        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
+        """Width of the part of a head RoPE rotates: the whole head, its first partial_rotary_factor of it, or MLA's
+        rotary part."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def is_linear_attention(self, layer_id: int) -> bool:
+        """Whether block `layer_id` mixes tokens with linear attention (a Gated DeltaNet), not softmax attention."""
+        return self.layer_types is not None and self.layer_types[layer_id] == "linear_attention"
 
     def is_sparse(self, layer_id: int) -> bool:
         """Whether block `layer_id` holds a mixture of experts instead of a dense SwiGLU."""
@@ -228,6 +254,7 @@ class DecoderArgs:
                     f"Llama3Args.layer_types[{list(types).index('sliding_attention')}]='sliding_attention' needs "
                     "Llama3Args.sliding_window, which is None; set the window or make the layer 'full_attention'"
                 )
+        self._validate_qwen3_next_variations()
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"Llama3Args.attention_kernel={self.attention_kernel!r} is not one of {ATTENTION_KERNELS}")
         if self.mla is not None:
@@ -237,3 +264,42 @@ class DecoderArgs:
                         f"Llama3Args.{name}={getattr(self, name)!r} applies to grouped-query attention only, and "
                         "Llama3Args.mla is set; unset one of them"
                     )
+
+    def _validate_qwen3_next_variations(self) -> None:
+        for name in ("attention_output_gate", "zero_centered_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Llama3Args.{name}={getattr(self, name)!r} must be true or false")
+        factor = self.partial_rotary_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise ValueError(f"Llama3Args.partial_rotary_factor={factor!r} must be in (0, 1] (1: rotate whole heads)")
+        if factor != 1 and self.mla is not None:
+            raise ValueError(
+                f"Llama3Args.partial_rotary_factor={factor} applies to grouped-query attention; with Llama3Args.mla "
+                "the rotary part is mla.qk_rope_head_dim"
+            )
+        if self.mla is None and (self.rope_head_dim < 2 or self.rope_head_dim % 2):
+            raise ValueError(
+                f"Llama3Args.partial_rotary_factor={factor} rotates {self.rope_head_dim} of head_dim={self.head_dim} "
+                "channels; RoPE rotates pairs, so that must be a positive even number"
+            )
+        linear = self.linear_attention
+        uses_linear = self.layer_types is not None and "linear_attention" in self.layer_types
+        if uses_linear and linear is None:
+            layer = list(self.layer_types).index("linear_attention")
+            raise ValueError(
+                f"Llama3Args.layer_types[{layer}]='linear_attention' needs Llama3Args.linear_attention (a "
+                "GatedDeltaNetArgs), which is None; set it or make the layer 'full_attention'"
+            )
+        if linear is not None:
+            if not isinstance(linear, GatedDeltaNetArgs):
+                raise ValueError(f"Llama3Args.linear_attention={linear!r} must be a GatedDeltaNetArgs or None")
+            if linear.dim != self.dim:
+                raise ValueError(
+                    f"Llama3Args.linear_attention.dim={linear.dim} differs from Llama3Args.dim={self.dim}; the Gated "
+                    "DeltaNet reads and writes the residual stream, so set them equal"
+                )
+        if self.mtp_layers and (uses_linear or self.zero_centered_norm):
+            raise ValueError(
+                f"Llama3Args.mtp_layers={self.mtp_layers}: multi-token prediction modules are not built for "
+                "linear-attention layers or zero-centred norms yet (Qwen3-Next's MTP); set mtp_layers = 0"
+            )

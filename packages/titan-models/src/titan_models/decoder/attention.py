@@ -1,5 +1,6 @@
 """Causal grouped-query self-attention with RoPE, and its variations as a plain nn.Module: q/k norm (Qwen3);
-projection biases, learned attention sinks and a per-layer sliding window (GPT-OSS)."""
+projection biases, learned attention sinks and a per-layer sliding window (GPT-OSS); a sigmoid output gate,
+partial RoPE and zero-centred q/k norms (Qwen3-Next)."""
 
 from __future__ import annotations
 
@@ -30,18 +31,24 @@ class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE; with args.qk_norm (Qwen3) each head's query and key are
     RMS-normalised before the rotation. GPT-OSS's variations: args.attention_bias (biases on wq, wk, wv, wo),
     args.attention_sinks (`sinks`, a learned logit per query head in the softmax denominator) and the sliding
-    window args.window_for(layer_id), which the inner attention holds."""
+    window args.window_for(layer_id), which the inner attention holds. Qwen3-Next's: args.attention_output_gate (wq
+    emits [query | gate] per head, the output is multiplied by sigmoid(gate) before wo), args.partial_rotary_factor
+    (RoPE rotates the first rope_dim channels of each head) and zero-centred q/k norms."""
 
     def __init__(self, args: DecoderArgs, layer_id: int = 0):
         super().__init__()
         self.head_dim = args.head_dim
+        self.rope_dim = args.rope_head_dim
+        self.output_gate = args.attention_output_gate
         bias = args.attention_bias
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=bias)
+        q_width = args.n_heads * self.head_dim * (2 if self.output_gate else 1)
+        self.wq = nn.Linear(args.dim, q_width, bias=bias)
         self.wk = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=bias)
         self.wv = nn.Linear(args.dim, args.num_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, eps=args.norm_eps) if args.qk_norm else None
+        norm = dict(eps=args.norm_eps, zero_centered=args.zero_centered_norm)
+        self.q_norm = RMSNorm(self.head_dim, **norm) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, **norm) if args.qk_norm else None
         # On this module, not the inner one, so the parameter keeps its name (Hugging Face's self_attn.sinks)
         # when a parallelizer swaps the inner attention.
         self.sinks = nn.Parameter(torch.empty(args.n_heads)) if args.attention_sinks else None
@@ -62,7 +69,7 @@ class Attention(nn.Module):
         passed by keyword, which the plan leaves alone. positions matter only to a sliding window: None means
         0..seqlen-1."""
         bs, seqlen, _ = x.shape
-        xq, xk, xv = self.project(x, freqs_cis)
+        xq, xk, xv, gate = self._project(x, freqs_cis)
 
         # Repeat K/V explicitly rather than SDPA's enable_gqa, so every SDPA backend and context-parallel
         # ring attention see equal head counts.
@@ -77,8 +84,10 @@ class Attention(nn.Module):
         extra = {} if self.sinks is None else {"sinks": _local(self.sinks)}
         if self.sliding_window is not None:
             extra["positions"] = positions
-        out = self.inner_attention(*inputs, **extra)
-        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+        out = self.inner_attention(*inputs, **extra).transpose(1, 2).reshape(bs, seqlen, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.wo(out)
 
     def kernel_name(self, device_type: str, needs_grad: bool = True) -> str:
         """The kernel this layer's attention runs on `device_type` (attention_kernels.choose_kernel), for a caller
@@ -93,16 +102,36 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values [bs, seqlen, heads, head_dim], queries and keys normalised (qk_norm) and
-        rotated; shared with KV-cache decoding."""
+        rotated; shared with KV-cache decoding, which has no output gate."""
+        if self.output_gate:
+            raise NotImplementedError(
+                "Attention.project leaves out the output gate (Llama3Args.attention_output_gate); KV-cache decoding "
+                "of gated attention is not supported yet"
+            )
+        return self._project(x, freqs_cis)[:3]
+
+    def _project(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """project's queries, keys and values, and the output gate [bs, seqlen, heads * head_dim] (None without)."""
         bs, seqlen, _ = x.shape
         # -1 heads, not n_heads: under tensor parallelism wq/wk/wv hold only this rank's heads.
-        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim * (2 if self.output_gate else 1))
+        gate = None
+        if self.output_gate:
+            xq, gate = xq.chunk(2, dim=-1)
+            gate = gate.reshape(bs, seqlen, -1)
         xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         if self.q_norm is not None:
             xq, xk = self.q_norm(xq), self.k_norm(xk)
-        xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
-        return xq, xk, xv
+        if self.rope_dim == self.head_dim:
+            xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+        else:  # partial RoPE: the first rope_dim channels of each head turn, the rest pass through
+            rot_q, rot_k = apply_rotary_emb(xq[..., : self.rope_dim], xk[..., : self.rope_dim], freqs_cis)
+            xq = torch.cat([rot_q, xq[..., self.rope_dim :]], dim=-1)
+            xk = torch.cat([rot_k, xk[..., self.rope_dim :]], dim=-1)
+        return xq, xk, xv, gate
 
     def init_weights(self, init: SeededInit, init_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):

@@ -84,14 +84,25 @@ _HF_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _HF_EXPERT_KEY = re.compile(r"mlp\.experts\.(\d+)\.(.+)")
 
 
-def _interleaved_to_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    rows, cols = weight.shape
-    return weight.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+def _interleaved_to_halves(weight: torch.Tensor, n_heads: int, rope_dim: int | None = None) -> torch.Tensor:
+    """Rows of each of n_heads equal blocks: the first rope_dim (default: all) from adjacent pairs to halves."""
+    return _permute_rotary_rows(weight, n_heads, rope_dim, to_halves=True)
 
 
-def _halves_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+def _halves_to_interleaved(weight: torch.Tensor, n_heads: int, rope_dim: int | None = None) -> torch.Tensor:
+    return _permute_rotary_rows(weight, n_heads, rope_dim, to_halves=False)
+
+
+def _permute_rotary_rows(weight: torch.Tensor, n_heads: int, rope_dim: int | None, to_halves: bool) -> torch.Tensor:
+    """The rotary rows of each head reordered, the rest kept: with partial RoPE (Qwen3-Next) only a head's first
+    rope_dim rows turn, and a gated query head's rows are [query | gate], the gate unrotated."""
     rows, cols = weight.shape
-    return weight.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    heads = weight.reshape(n_heads, rows // n_heads, cols)
+    rope_dim = rows // n_heads if rope_dim is None else rope_dim
+    rotary = heads[:, :rope_dim]
+    pairs = (rope_dim // 2, 2) if to_halves else (2, rope_dim // 2)
+    rotary = rotary.reshape(n_heads, *pairs, cols).transpose(1, 2).reshape(n_heads, rope_dim, cols)
+    return torch.cat([rotary, heads[:, rope_dim:]], dim=1).reshape(rows, cols)
 
 
 class DecoderHFAdapter:
@@ -291,7 +302,8 @@ class DecoderHFAdapter:
         n_heads = self._rotary_heads(fqn)
         if n_heads is None:
             return tensor
-        return _interleaved_to_halves(tensor.reshape(tensor.shape[0], -1), n_heads).reshape(tensor.shape)
+        flat = tensor.reshape(tensor.shape[0], -1)
+        return _interleaved_to_halves(flat, n_heads, self._rope_dim()).reshape(tensor.shape)
 
     def from_hf_tensor(self, hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
         fqn = self.from_hf_key(hf_key)
@@ -300,7 +312,13 @@ class DecoderHFAdapter:
         n_heads = self._rotary_heads(fqn)
         if n_heads is None:
             return tensor
-        return _halves_to_interleaved(tensor.reshape(tensor.shape[0], -1), n_heads).reshape(tensor.shape)
+        flat = tensor.reshape(tensor.shape[0], -1)
+        return _halves_to_interleaved(flat, n_heads, self._rope_dim()).reshape(tensor.shape)
+
+    def _rope_dim(self) -> int:
+        """Rows RoPE turns in each head of a permuted tensor, its first ones: the whole query/key head, or its first
+        part under partial RoPE (Qwen3-Next); a gated query head's gate rows follow them, unpermuted."""
+        return self.args.rope_head_dim
 
     def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Our tensors in Hugging Face's names and layout (hf_copies() are the exporter's to add)."""

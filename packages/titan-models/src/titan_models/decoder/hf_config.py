@@ -12,6 +12,7 @@ import torch
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.decoder.rope import RopeScaling, YarnScaling
+from titan_models.linear_attention.args import GatedDeltaNetArgs
 from titan_models.moe.args import MoEArgs
 
 
@@ -28,6 +29,8 @@ def args_from_dict(fields: dict[str, Any]) -> DecoderArgs:
         fields["rope_scaling"] = YarnScaling(**scaling) if "beta_fast" in scaling else RopeScaling(**scaling)
     if isinstance(fields.get("mla"), dict):
         fields["mla"] = MLAArgs(**fields["mla"])
+    if isinstance(fields.get("linear_attention"), dict):
+        fields["linear_attention"] = GatedDeltaNetArgs(**fields["linear_attention"])
     if isinstance(fields.get("moe"), dict):
         moe = dict(fields["moe"])
         moe["dense_layers"] = tuple(moe.get("dense_layers", ()))

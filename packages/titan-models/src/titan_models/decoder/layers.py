@@ -11,19 +11,27 @@ from titan_models.decoder.attention_kernels import variant_attention
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
+    """x / rms(x) * weight; zero_centered (Qwen3-Next): * (1 + weight), the weight initialized at 0."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, zero_centered: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in float32: a bf16 mean of squares loses the small components.
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centered:  # scaled in float32, then rounded: Qwen3NextRMSNorm's order
+            return (normed * (1.0 + self.weight.float())).type_as(x)
         return normed.type_as(x) * self.weight
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        (nn.init.zeros_ if self.zero_centered else nn.init.ones_)(self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (", zero_centered" if self.zero_centered else "")
 
 
 class ScaledDotProductAttention(nn.Module):

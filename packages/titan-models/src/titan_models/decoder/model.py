@@ -46,7 +46,7 @@ class Decoder(nn.Module):
         # Not persistent: derived from args, recomputed by init_weights, never checkpointed.
         self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps, zero_centered=args.zero_centered_norm)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Built only with mtp_layers > 0, so a model without keeps its state dict names (and seeded init) unchanged.
         self.mtp: nn.ModuleDict | None = None

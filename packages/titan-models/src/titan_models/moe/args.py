@@ -51,6 +51,9 @@ class MoEArgs:
     num_shared_experts: int = 0
     """Experts every token goes through (DeepSeek-V3 / Qwen2-MoE style), computed as one SwiGLU of
     num_shared_experts * hidden_dim hidden units."""
+    shared_expert_gate: bool = False
+    """The shared experts' output is scaled per token by sigmoid(x . g), g a learned [1, dim] vector
+    (shared_expert_gate.weight; Qwen2-MoE / Qwen3-Next). Needs num_shared_experts > 0."""
     num_expert_groups: int = 1
     """Group-limited routing (DeepSeek-V3; HF: n_group): the experts form this many equal groups, each scored
     by the sum of its two best selection scores; a token picks its top_k experts among the
@@ -119,6 +122,10 @@ class MoEArgs:
             )
         if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
             raise ValueError(f"{owner}.num_shared_experts={self.num_shared_experts!r} must be an integer >= 0")
+        if not isinstance(self.shared_expert_gate, bool):
+            raise ValueError(f"{owner}.shared_expert_gate={self.shared_expert_gate!r} must be true or false")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ValueError(f"{owner}.shared_expert_gate=True gates the shared experts, but num_shared_experts=0")
         if not self.aux_loss_coef >= 0:
             raise ValueError(f"{owner}.aux_loss_coef={self.aux_loss_coef!r} must be >= 0")
         if not self.bias_update_rate >= 0:

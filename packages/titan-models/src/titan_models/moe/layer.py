@@ -6,10 +6,12 @@ Dropless: every token reaches all of its top-k experts, however uneven the load.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from titan_models.moe.args import MoEArgs
 from titan_models.moe.experts import GroupedExperts
+from titan_models.moe.local_tensor import local_tensor
 from titan_models.moe.router import RoutedTokens, TopKRouter
 
 
@@ -31,6 +33,8 @@ class MoE(nn.Module):
             swiglu_limit=moe.swiglu_limit,
         )
         self.shared_experts = shared_expert
+        # A [1, dim] weight applied by F.linear, not an nn.Linear: no Linear-swapping transform (float8) touches it.
+        self.shared_expert_gate = SharedExpertGate(dim) if moe.shared_expert_gate else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutedTokens]:
         bs, seqlen, dim = x.shape
@@ -45,7 +49,10 @@ class MoE(nn.Module):
         weighted = expert_out * routing.weights.reshape(-1, 1)[order].to(expert_out.dtype)
         out = torch.zeros_like(tokens).index_add_(0, token_of, weighted.to(tokens.dtype))
         if self.shared_experts is not None:
-            out = out + self.shared_experts(tokens)
+            shared = self.shared_experts(tokens)
+            if self.shared_expert_gate is not None:
+                shared = self.shared_expert_gate(tokens) * shared
+            out = out + shared
         routed = RoutedTokens(routing.experts.reshape(bs, seqlen, top_k), routing.scores, routing.tokens_per_expert)
         return out.reshape(bs, seqlen, dim), routed
 
@@ -54,3 +61,18 @@ class MoE(nn.Module):
         self.experts.init_weights(init, init_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(init, init_std)
+        if self.shared_expert_gate is not None:
+            init.trunc_normal_(self.shared_expert_gate.weight, std=0.02)
+
+
+class SharedExpertGate(nn.Module):
+    """sigmoid(x w^T) [tokens, 1]: how much of the shared experts' output each token takes (Qwen3-Next's
+    shared_expert_gate, weight [1, dim]). Read whole on every rank (`local_tensor` for a replicated DTensor): the
+    gate scales each token's shared output, so a rank's partial sum of it stays a partial sum of the gated one."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(F.linear(x, local_tensor(self.weight)))

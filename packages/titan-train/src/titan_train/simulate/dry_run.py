@@ -52,7 +52,8 @@ GPUS_PER_NODE = 8
 """GPUs per node of the modelled cluster (H100 HGX nodes, as the paper's): where a TP group can use NVLink."""
 ALWAYS_UNMODELLED = [
     "CUDA context, NCCL communicator and kernel-library workspaces (allocated outside PyTorch's caching allocator)",
-    "attention kernels: the CPU flash-attention op's outputs and saved tensors stand for the GPU kernel's",
+    "attention kernels: the CPU flash-attention op's outputs and saved tensors stand for the GPU kernel's "
+    "(FlexAttention's, for sinks and windows: one op shaped as the fused kernel's, flex_stand_in.py)",
 ]
 
 

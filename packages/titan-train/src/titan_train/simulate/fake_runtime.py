@@ -19,7 +19,8 @@ Titan's own logic):
 The torch internals these bridges rely on (private APIs, patched methods) are all in torch_internals.py, each
 with the behaviour it relies on and a test; the patches here are of Titan's own ParallelDims.build_mesh and,
 for expert parallelism, of the host read of the routed counts (fake counts hold no data): the dry run
-assumes balanced routing, every expert the same share of every rank's tokens.
+assumes balanced routing, every expert the same share of every rank's tokens; and, for attention with sinks or a
+window, of the kernel choice and FlexAttention, which run as on CUDA (flex_stand_in.py).
 """
 
 import contextlib
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from titan_parallel import ParallelDims
 from titan_parallel.ep import token_dispatch
+from titan_train.simulate.flex_stand_in import attention_as_on_cuda
 from titan_train.simulate.torch_internals import (
     SCALAR_READS,
     FakeTensor,
@@ -99,6 +101,7 @@ def fake_rank(
             mock.patch.object(token_dispatch, "split_sizes", token_dispatch.balanced_split_sizes),
             pipeline_meta_exchange(hidden_states) if pipeline_hidden else contextlib.nullcontext(),
             swap_tensors_dropping_weak_caches(),
+            attention_as_on_cuda(),
             fake_mode,
         ):
             yield fake_mode
