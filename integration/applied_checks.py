@@ -97,7 +97,9 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
             _assert_fsdp_unit(block["fsdp"], o, f"{where} {fqn}", last_block=fqn == list(part["blocks"])[-1])
     assert (part["fsdp_root"] is not None) == fsdp2, f"{where}: fsdp root {part['fsdp_root']}"
     assert part["ddp"] == ddp, f"{where}: ddp {part['ddp']}"
-    expected_ring = [f"{fqn}.attention.inner_attention" for fqn in part["blocks"]] if cp > 1 else []
+    # Qwen3-Next's linear-attention layers take context parallelism's state hand-over, not the ring.
+    softmax_blocks = [fqn for fqn in part["blocks"] if fqn not in LINEAR_ATTENTION_LAYERS.get(o.get("model.name"), ())]
+    expected_ring = [f"{fqn}.attention.inner_attention" for fqn in softmax_blocks] if cp > 1 else []
     mtp_layers = int(o.get("model.mtp_layers", 0))
     if cp > 1 and mtp_layers:  # the multi-token prediction modules' blocks attend over the sequence too
         expected_ring += [f"mtp.{k}.block.attention.inner_attention" for k in range(1, mtp_layers + 1)]
@@ -159,7 +161,14 @@ def _assert_part(part: dict, rank: int, o: dict, *, tp: int, cp: int, replicate:
 SPARSE_LAYERS = ("layers.1", "layers.2", "layers.3")  # qwen3_moe and deepseek_v3 tiny: layer 0 dense
 EXPERTS = 8
 # model.name -> (sparse layers, experts) of its tiny flavor, where they differ from the above.
-TINY_MOE = {"gpt_oss": (("layers.0", "layers.1", "layers.2", "layers.3"), 4)}
+TINY_MOE = {
+    "gpt_oss": (("layers.0", "layers.1", "layers.2", "layers.3"), 4),
+    "qwen3_next": (("layers.0", "layers.1", "layers.2", "layers.3"), 8),
+}
+
+
+# model.name -> the tiny flavor's linear-attention layers (Gated DeltaNet: no softmax attention to swap for a ring).
+LINEAR_ATTENTION_LAYERS = {"qwen3_next": ("layers.0", "layers.1", "layers.2")}
 
 
 def _tiny_moe(o: dict) -> tuple[tuple[str, ...], int]:

@@ -45,7 +45,7 @@ ALLOWED = {
             "decoder",
             "plan",
         },
-        "generate": {"decoder", "hyena"},
+        "generate": {"decoder", "hyena", "linear_attention"},
         "llama3": {"decoder", "moe", "plan", "tp_styles"},
         # qwen3's config.json reading and writing hands Qwen3-MoE's to qwen3_moe, as before qwen3_moe existed.
         "qwen3": {"qwen3_moe", "decoder", "moe", "plan", "tp_styles"},

@@ -29,6 +29,7 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 DEEPSEEK = ("--model.name", "deepseek_v3")
 GPT_OSS = ("--model.name", "gpt_oss")
+QWEN3_NEXT = ("--model.name", "qwen3_next")
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 # (id, world size, data-parallel degree, options the reference shares, options)
 CASES = [
@@ -86,7 +87,22 @@ CASES = [
     # added once, after the reduction (added on every rank, the losses from step 2 on move past the tolerance).
     ("gpt_oss_tp2", 2, 1, GPT_OSS, [*TP2]),
     ("gpt_oss_fsdp2_tp2_compile", 4, 2, GPT_OSS, [*TP2, "--compile.enable", "true"]),
-    ("gpt_oss_tp2_ep4_cp2_aux_free", 4, 1, (*GPT_OSS, *AUX_FREE), [*TP2, *CP2, "--parallelism.expert_parallel_degree", "4"]),
+    ("gpt_oss_tp2_ep4_cp2_aux_free", 4, 1, (*GPT_OSS, *AUX_FREE), [*TP2, *CP2,
+                                                                 "--parallelism.expert_parallel_degree", "4"]),
+    # Qwen3-Next (tiny: three Gated DeltaNet layers then a gated full-attention one, 8 experts, 2 per token, a gated
+    # shared expert).
+    ("qwen3_next_fsdp2", 2, 2, QWEN3_NEXT, []),
+    ("qwen3_next_ep2_ac_full", 2, 2, QWEN3_NEXT, [*EP2, "--activation_checkpoint.mode", "full"]),
+    ("qwen3_next_pp2_sequence_aux", 2, 1, (*QWEN3_NEXT, *SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2]),
+    ("qwen3_next_fsdp2_compile_ac_op_block_causal", 2, 2, (*QWEN3_NEXT, "--model.attention_mask", "block_causal"),
+     ["--compile.enable", "true", "--activation_checkpoint.mode", "selective"]),
+    # Tensor parallel: in_proj_qkvz / in_proj_ba by key-head group, the convolution's q | k | v blocks each by head,
+    # A_log and dt_bias by value head, the shared expert's gate replicated with its gradient summed. Context
+    # parallel: the Gated DeltaNet layers' chunk states combined over the ranks, the full-attention layer's ring.
+    ("qwen3_next_tp2", 2, 1, QWEN3_NEXT, [*TP2]),
+    ("qwen3_next_cp2_block_causal_aux_free", 2, 1, (*QWEN3_NEXT, *AUX_FREE, "--model.attention_mask", "block_causal"),
+     [*CP2]),
+    ("qwen3_next_fsdp2_tp2_cp2_aux_free", 8, 2, (*QWEN3_NEXT, *AUX_FREE), [*TP2, *CP2]),
 ]  # fmt: skip
 FP32 = dict(loss_rtol=1e-5, grad_rtol=1e-4, grad_atol=1e-6)
 

@@ -27,3 +27,10 @@ def test_parameter_shard_is_plain_data_titan_parallel_recognizes():
 def test_parameter_shard_refuses_a_dim_that_is_not_a_dim():
     with pytest.raises(TypeError, match=r"ParameterShard\(dim=-1\) needs a dim >= 0"):
         ParameterShard(dim=-1)
+
+
+def test_channel_shard_blocks_are_sizes():
+    assert ChannelShard(["weight"]).blocks == ()  # one block: a plain split of the channels
+    assert ChannelShard(["weight"], blocks=[4, 4, 8]).blocks == (4, 4, 8)
+    with pytest.raises(TypeError, match=r"ChannelShard\(blocks=\(4, 0\)\) needs positive int sizes"):
+        ChannelShard(["weight"], blocks=(4, 0))

@@ -17,15 +17,24 @@ class ChannelShard:
     shard the tensors named in `sharded` (parameters and buffers, relative to the module, e.g.
     "out.weight") on dim 0, their channel dim; replicate the module's other tensors. The module's forward
     then reads plain local tensors, this rank's channels, and gets this rank's channels as input.
-    titan-parallel applies it as ChannelParallel."""
+    titan-parallel applies it as ChannelParallel.
+
+    `blocks` (sizes summing to the channel dim): the channels are these blocks side by side, each split over the
+    ranks on its own (Qwen3-Next's convolution over q | k | v: a rank's input is its part of q, of k and of v).
+    No DTensor placement lays that out, so the sharded tensors are then stored replicated and read as this rank's
+    part of each block, their gradients (this rank's channels) summed over the ranks. Empty: one block."""
 
     sharded: tuple[str, ...]
+    blocks: tuple[int, ...] = ()
     parallel_style: ClassVar[str] = "channel_shard"
 
     def __post_init__(self):
         if isinstance(self.sharded, str) or not all(isinstance(name, str) for name in self.sharded):
             raise TypeError(f"ChannelShard(sharded={self.sharded!r}) needs a tuple of names, e.g. ('weight', 'bias')")
         object.__setattr__(self, "sharded", tuple(self.sharded))
+        if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in self.blocks):
+            raise TypeError(f"ChannelShard(blocks={self.blocks!r}) needs positive int sizes, e.g. (64, 64, 128)")
+        object.__setattr__(self, "blocks", tuple(self.blocks))
 
 
 @dataclass(frozen=True)

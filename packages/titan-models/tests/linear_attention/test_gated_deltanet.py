@@ -1,7 +1,7 @@
 """The GatedDeltaNet layer on its own (float32, atol 1e-5): decoding token by token, from zeros or after a
-prefill, equals the training forward; packed documents equal each document alone (the convolution reads no
-earlier document and the state restarts); the args refuse shapes that do not group; init_weights depends only on
-the seed and the parameter names."""
+prefill, equals the training forward; a left-padded prefill continues each row as if alone; packed documents equal
+each document alone (the convolution reads no earlier document and the state restarts); the args refuse shapes that
+do not group; init_weights depends only on the seed and the parameter names."""
 
 import pytest
 import torch
@@ -51,6 +51,22 @@ def test_prefill_then_steps_equal_forward(prompt_len):
     for t in range(prompt_len, x.shape[1]):
         y, cache = module.step(x[:, t], cache)
         torch.testing.assert_close(y, expected[:, t], **TOL)
+
+
+def test_left_padded_prefill_continues_each_row_alone():
+    """prefill(valid): a row's padding reaches neither the state nor the convolution's cache (lengths 2, under the
+    conv window, 19 and 9 across a chunk of 16); the refusal of padding that is not on the left."""
+    lengths, width = [2, 19, 9], 19
+    module, x = layer(), inputs(width + 6, batch=3)
+    valid = torch.arange(width)[None] >= width - torch.tensor(lengths)[:, None]
+    out, cache = module.prefill(x[:, :width], valid=valid)
+    for row, length in enumerate(lengths):
+        alone, alone_cache = module.prefill(x[row : row + 1, width - length : width])
+        torch.testing.assert_close(out[row : row + 1, width - length :], alone, **TOL)
+        torch.testing.assert_close(cache.conv_state[row : row + 1], alone_cache.conv_state, **TOL)
+        torch.testing.assert_close(cache.recurrent_state[row : row + 1], alone_cache.recurrent_state, **TOL)
+    with pytest.raises(ValueError, match="left padding"):
+        module.prefill(x[:, :width], valid=valid.flip(1))
 
 
 def test_packed_documents_equal_each_alone(documents):

@@ -90,9 +90,10 @@ def test_registered_with_its_plan_flops_and_adapter():
     plan = spec.plan(args)
     assert plan.block_fqns == [f"layers.{i}" for i in range(args.n_layers)]
     assert plan.expert_fqns == ["layers.*.feed_forward.experts"]
-    assert not plan.context_parallel
-    with pytest.raises(ValueError, match="no tensor-parallel plan yet"):
-        plan.tp_plan(loss_parallel=True)
+    assert plan.context_parallel  # ring attention on full-attention layers, linear_attention_cp on the others
+    assert {"layers.*.linear_attn.short_conv", "layers.*.linear_attn.delta_rule"} <= set(plan.attention_fqns)
+    tp_plan = plan.tp_plan(loss_parallel=True)  # entries: tests/decoder/test_linear_attention_tp_plan.py
+    assert "layers.0.linear_attn.conv1d" in tp_plan and "layers.3.attention.wq" in tp_plan
     adapter = spec.hf_adapter(args)
     assert (
         adapter.to_hf_key("layers.0.linear_attn.in_proj_qkvz.weight")

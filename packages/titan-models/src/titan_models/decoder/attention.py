@@ -100,15 +100,13 @@ class Attention(nn.Module):
             needs_grad=needs_grad,
         )
 
-    def project(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Queries, keys and values [bs, seqlen, heads, head_dim], queries and keys normalised (qk_norm) and
-        rotated; shared with KV-cache decoding, which has no output gate."""
-        if self.output_gate:
-            raise NotImplementedError(
-                "Attention.project leaves out the output gate (Llama3Args.attention_output_gate); KV-cache decoding "
-                "of gated attention is not supported yet"
-            )
-        return self._project(x, freqs_cis)[:3]
+        rotated, and the output gate [bs, seqlen, heads * head_dim] (None without: forward multiplies the attention
+        output by its sigmoid before wo); shared with KV-cache decoding."""
+        return self._project(x, freqs_cis)
 
     def _project(
         self, x: torch.Tensor, freqs_cis: torch.Tensor

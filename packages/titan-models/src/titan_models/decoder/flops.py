@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from titan_models.decoder.args import DecoderArgs
+from titan_models.decoder.mixer_flops import delta_rule_flops_per_token
 from titan_models.decoder.mixer_params import gated_deltanet_params
 
 
@@ -87,18 +88,24 @@ def flops_per_token(args: DecoderArgs, seq_len: int) -> int:
     With MTP modules (args.mtp_layers = D) each depth is one more block in both terms and one more pass through
     the shared output head: 6 * D * vocab_size * dim more, the head being counted once in N. An MTP block is of the
     last block's kind (its window too).
+
+    A linear-attention block (Qwen3-Next's Gated DeltaNet) attends over no keys; it counts the chunked gated delta
+    rule instead (mixer_flops.delta_rule_flops_per_token: the intra-chunk products, the triangular solves and the
+    state's reads and update, times 3), its projections and short convolution being weights in N.
     """
     qk, v = (args.mla.qk_head_dim, args.mla.v_head_dim) if args.mla is not None else (args.head_dim, args.head_dim)
     mtp_heads = 6 * args.mtp_layers * args.vocab_size * args.dim
     keys = sum(attended_keys(args, layer_id, seq_len) for layer_id in range(args.n_layers))
     keys += args.mtp_layers * attended_keys(args, args.n_layers - 1, seq_len)
-    return 6 * count_params(args, active=True) + mtp_heads + 6 * args.n_heads * (qk + v) * keys
+    linear = sum(args.is_linear_attention(layer_id) for layer_id in range(args.n_layers))
+    delta_rule = linear * delta_rule_flops_per_token(args.linear_attention, seq_len) if linear else 0
+    return 6 * count_params(args, active=True) + mtp_heads + 6 * args.n_heads * (qk + v) * keys + delta_rule
 
 
 def attended_keys(args: DecoderArgs, layer_id: int, seq_len: int) -> int:
     """Keys a query of block `layer_id` is counted to attend over (causal masking ignored): seq_len, or the
     block's sliding window where that is shorter; none in a linear-attention block (its recurrent state's work,
-    O(heads * key_head_dim * value_head_dim) per token, is not counted)."""
+    O(heads * key_head_dim * value_head_dim) per token, flops_per_token counts apart)."""
     if args.is_linear_attention(layer_id):
         return 0
     window = args.window_for(layer_id)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.mla_args import MLAArgs
+from titan_models.linear_attention.args import GatedDeltaNetArgs
 from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
-from titan_models.tp_styles import ExpertsHiddenShard, HeadsShareInput, ParameterShard
+from titan_models.tp_styles import ChannelShard, ExpertsHiddenShard, HeadsShareInput, ParameterShard
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -56,8 +57,12 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
       biases need no entry of their own: ColwiseParallel shards a Linear's bias with its output rows,
       RowwiseParallel replicates wo's and adds it once, after the reduction. A sliding window needs nothing: heads
       are independent, and every rank sees the whole sequence;
+    - with linear-attention layers (Qwen3-Next), the token mixer's entries per layer: the attention's where a layer
+      holds `attention`, the Gated DeltaNet's where it holds `linear_attn` (linear_attention_tp_plan), so no entry
+      names a module a layer lacks;
     - with experts, the feed-forward entries per layer (sparse_feed_forward_plan; ExpertsHiddenShard splits the
-      router's bias and the experts' biases too, see titan_models.tp_styles);
+      router's bias and the experts' biases too, and replicates Qwen3-Next's shared-expert gate, see
+      titan_models.tp_styles);
     - with multi-token prediction, the MTP modules' entries (mtp_tp_plan)."""
     from torch.distributed.tensor.parallel import SequenceParallel
 
@@ -69,7 +74,53 @@ def decoder_tp_plan(args: DecoderArgs, loss_parallel: bool = True) -> dict:
             plan[f"layers.*.attention.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if args.attention_sinks:
         plan["layers.*.attention.sinks"] = ParameterShard(dim=0)
-    return mtp_tp_plan(sparse_feed_forward_plan(plan, args), args)
+    return mtp_tp_plan(sparse_feed_forward_plan(token_mixer_plan(plan, args), args), args)
+
+
+def token_mixer_plan(plan: dict, args: DecoderArgs) -> dict:
+    """`plan` with the attention's entries per layer where some layers hold a Gated DeltaNet (`linear_attn`) instead,
+    and those layers' linear_attention_tp_plan: a wildcard would name a module half the layers lack."""
+    if args.layer_types is None or "linear_attention" not in args.layer_types:
+        return plan
+    attention = {
+        key[len("layers.*.") :]: plan.pop(key)
+        for key in list(plan)
+        if key == "layers.*.attention" or key.startswith("layers.*.attention.")
+    }
+    linear = linear_attention_tp_plan(args.linear_attention)
+    for layer in range(args.n_layers):
+        entries = linear if args.is_linear_attention(layer) else attention
+        plan.update({f"layers.{layer}.{key}": style for key, style in entries.items()})
+    return plan
+
+
+def linear_attention_tp_plan(linear: GatedDeltaNetArgs) -> dict:
+    """A Gated DeltaNet's entries (relative to its block), split by key-head group, each rank its groups' key heads
+    and their value heads, as attention splits heads:
+    - the input gathers the sequence (Shard(1) -> Replicate, as the attention's);
+    - in_proj_qkvz / in_proj_ba column-wise: their rows are interleaved by key-head group, each group's
+      [q | k | v | z] and [b | a] contiguous (linear_attention.gated_deltanet), so a plain row split takes whole
+      groups;
+    - the convolution's channels are q | k | v de-interleaved, three blocks each split by head: ChannelShard with
+      those blocks (its weight stored whole, read as this rank's part of each);
+    - A_log / dt_bias, one per value head, sharded as the value heads (ParameterShard, keyed by the parameter);
+    - the gated norm's weight, one per channel of a head and shared by all heads, replicated, its gradient summed
+      (ChannelShard with nothing sharded);
+    - out_proj row-wise back to the sequence-sharded residual, as wo."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    blocks = (linear.key_dim, linear.key_dim, linear.value_dim)
+    return {
+        "linear_attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "linear_attn.in_proj_qkvz": ColwiseParallel(),
+        "linear_attn.in_proj_ba": ColwiseParallel(),
+        "linear_attn.conv1d": ChannelShard(sharded=("weight",), blocks=blocks),
+        "linear_attn.A_log": ParameterShard(dim=0),
+        "linear_attn.dt_bias": ParameterShard(dim=0),
+        "linear_attn.norm": ChannelShard(sharded=()),
+        "linear_attn.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+    }
 
 
 def mtp_tp_plan(plan: dict, args: DecoderArgs) -> dict:
@@ -148,6 +199,9 @@ def decoder_plan(args: DecoderArgs) -> ModelPlan:
     if args.mla is None:
         divisible["n_kv_heads"] = args.num_kv_heads
     divisible["ffn_hidden_dim"] = args.hidden_dim
+    if args.layer_types is not None and "linear_attention" in args.layer_types:
+        # Split by key-head group (linear_attention_tp_plan); the value heads follow, a multiple of the key heads.
+        divisible["linear_attention.n_key_heads"] = args.linear_attention.n_key_heads
     if args.moe is not None:
         divisible["moe.hidden_dim"] = args.moe.hidden_dim
         if args.moe.num_shared_experts:

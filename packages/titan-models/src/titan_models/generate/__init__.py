@@ -1,5 +1,6 @@
 """Generation from a trained model: the decoder (Llama 3, Qwen3, ..., GPT-OSS with its sinks, and a rolling cache
-of the window on its sliding layers) with a KV cache, Hyena with exact online long convolutions.
+of the window on its sliding layers) with a KV cache (Qwen3-Next: a recurrent state of fixed size on its
+linear-attention layers, decode_memory), Hyena with exact online long convolutions.
 
     tokens = generate(model, prompt_ids, max_new_tokens=64, temperature=0.8, top_k=50, seed=0,
                       strategy="flash")     # Hyena: "lazy" | "eager" | "flash"
@@ -27,11 +28,13 @@ from titan_models.generate.mtp_speculative import (
     speculative_tokens,
 )
 from titan_models.generate.online_conv import STRATEGIES, EagerConv, FlashConv, LazyConv, make_online_conv
+from titan_models.generate.recurrent_cache import DecodeMemory, decode_memory
 from titan_models.generate.sampling import sample_next
 from titan_models.generate.tiling import TileKernels, tiles
 
 __all__ = [
     "STRATEGIES",
+    "DecodeMemory",
     "EagerConv",
     "FlashConv",
     "GenerationOptions",
@@ -43,6 +46,7 @@ __all__ = [
     "TileKernels",
     "build_decoder",
     "check_speculative",
+    "decode_memory",
     "generate",
     "generate_speculative",
     "generate_tokens",

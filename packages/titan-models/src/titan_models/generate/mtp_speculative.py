@@ -4,7 +4,8 @@ Each round the MTP modules draft up to D tokens past the main model's next one (
 reads that token and the draft in one forward (D + 1 positions) and keeps the longest prefix of the draft that
 equals its own greedy choices, plus its own token after that prefix. The output is therefore plain greedy
 decoding's (generate(..., temperature=0)), token for token; what the draft changes is how many main forwards
-it takes. (A model with sliding-window layers is refused: their rolling cache cannot drop a rejected draft.)
+it takes. (A model with sliding-window layers is refused: their rolling cache cannot drop a rejected draft; so is
+one with linear-attention layers, whose recurrent state cannot either.)
 The positions of a rejected draft are dropped from the main cache (LlamaDecoder.rewind) and recomputed
 in the modules' caches at the next draft.
 
@@ -55,6 +56,13 @@ def check_speculative(model: nn.Module, options: GenerationOptions) -> None:
         raise ValueError(
             f"speculative decoding with MTP modules needs a decoder model (llama3, qwen3, deepseek_v3, ...), "
             f"not {type(model).__name__}"
+        )
+    linear = [i for i in range(model.args.n_layers) if model.args.is_linear_attention(i)]
+    if linear:
+        raise ValueError(
+            f"speculative decoding with MTP modules cannot run on a model with linear-attention layers ({linear}): "
+            "their recurrent state absorbs every token read and cannot roll a rejected draft back (not implemented); "
+            "decode without speculation (titan-generate: drop --speculative mtp)"
         )
     if model.mtp is None:
         raise ValueError(

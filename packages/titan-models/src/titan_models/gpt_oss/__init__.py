@@ -1,7 +1,7 @@
 """GPT-OSS (OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card"): the decoder with attention sinks, a sliding window on
 alternating layers, biased projections, YaRN RoPE, and sparse feed-forward layers with biased experts and a clamped
-SwiGLU, declared as DecoderArgs data. The experts' MXFP4 weights of the published checkpoints are not read here:
-a bf16 copy (dequantized) is."""
+SwiGLU, declared as DecoderArgs data. The experts' MXFP4 weights of the published checkpoints are dequantized by
+titan-checkpoint on import (hf_mxfp4.py)."""
 
 from titan_models.gpt_oss.flavors import FLAVORS
 from titan_models.gpt_oss.hf import GptOssHFAdapter

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from titan_models.linear_attention.documents import document_starts
 
@@ -154,3 +155,24 @@ def chunk_gated_delta_rule(
         state = state * chunk_decay[:, :, n, None, None] + k_to_end[:, :, n].transpose(-1, -2) @ corrections
     out = torch.cat(outputs, dim=2)[:, :, :seq_len]
     return out.transpose(1, 2).to(out_dtype), state
+
+
+class GatedDeltaRule(nn.Module):
+    """`chunk_gated_delta_rule` as a parameter-free module: the seam where a parallelizer swaps in a version that
+    carries the state across a sequence split over devices (titan_parallel's context parallelism recognizes it by
+    `cp_style` and calls it on its own sequence pieces with their `initial_state`)."""
+
+    cp_style = "gated_delta_rule"
+
+    def __init__(self, chunk_size: int = 64, use_qk_l2norm: bool = True):
+        super().__init__()
+        self.chunk_size, self.use_qk_l2norm = chunk_size, use_qk_l2norm
+
+    def forward(self, q, k, v, g, beta, document_ids=None, initial_state=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=initial_state, document_ids=document_ids,
+            use_qk_l2norm=self.use_qk_l2norm, chunk_size=self.chunk_size,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"chunk_size={self.chunk_size}, use_qk_l2norm={self.use_qk_l2norm}"

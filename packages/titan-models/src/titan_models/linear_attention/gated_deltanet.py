@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_models.linear_attention.args import GatedDeltaNetArgs
-from titan_models.linear_attention.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from titan_models.linear_attention.gated_delta_rule import GatedDeltaRule, recurrent_gated_delta_rule
 from titan_models.linear_attention.gated_rms_norm import GatedRMSNorm
 from titan_models.linear_attention.short_conv import (
-    causal_depthwise_conv1d,
+    CausalDepthwiseConv1d,
     causal_depthwise_conv1d_step,
     conv_state_after,
 )
@@ -60,6 +60,9 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_ba = nn.Linear(a.dim, 2 * a.n_value_heads, bias=False)
         # Depthwise; only its weight is used (see short_conv.py), the module keeps Hugging Face's name and shape.
         self.conv1d = nn.Conv1d(a.conv_dim, a.conv_dim, a.conv_kernel_size, groups=a.conv_dim, bias=False)
+        # The two steps that mix tokens, as parameter-free modules a parallelizer may swap (context parallelism).
+        self.short_conv = CausalDepthwiseConv1d()
+        self.delta_rule = GatedDeltaRule(a.chunk_size)
         # Per value head: decay rate A (stored as log A) and the bias of the step size dt = softplus(a + dt_bias).
         self.dt_bias = nn.Parameter(torch.ones(a.n_value_heads))
         self.A_log = nn.Parameter(torch.zeros(a.n_value_heads))
@@ -86,9 +89,21 @@ class GatedDeltaNet(nn.Module):
         return self._mix(x, document_ids)[0]
 
     @torch.no_grad()
-    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, GatedDeltaNetCache]:
-        """Run a prompt x [B, P, dim] (one sequence per row); its outputs and the cache that continues it."""
-        return self._mix(x, None)
+    def prefill(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> tuple[torch.Tensor, GatedDeltaNetCache]:
+        """Run a prompt x [B, P, dim] (one sequence per row); its outputs and the cache that continues it.
+
+        valid [B, P] (bool, optional): False marks left padding (a ragged batch). Each row then computes what its
+        prompt alone would: the padding is a document of its own before the prompt (the state restarts at the
+        prompt's first token, the convolution reads zeros before it) and the convolution's cache holds zeros, not
+        padding; outputs at padding are meaningless."""
+        if valid is None:
+            return self._mix(x, None)
+        if valid.shape != x.shape[:2] or bool((valid[:, 1:] < valid[:, :-1]).any()) or not bool(valid[:, -1].all()):
+            raise ValueError(
+                f"valid {tuple(valid.shape)} must be [B, P] = {tuple(x.shape[:2])}, False only before each row's "
+                "prompt (left padding) and True at its last position"
+            )
+        return self._mix(x, valid.long(), valid)
 
     def init_cache(
         self, batch: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
@@ -118,39 +133,46 @@ class GatedDeltaNet(nn.Module):
         )
         return self._output(out, z)[:, 0], GatedDeltaNetCache(conv_state, state)
 
-    def _mix(self, x: torch.Tensor, document_ids: torch.Tensor | None) -> tuple[torch.Tensor, GatedDeltaNetCache]:
+    def _mix(
+        self, x: torch.Tensor, document_ids: torch.Tensor | None, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, GatedDeltaNetCache]:
         q, k, v, z, b, a = self._project(x)
         mixed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
-        conv_state = conv_state_after(mixed, self.args.conv_kernel_size)
-        mixed = F.silu(causal_depthwise_conv1d(mixed, self.conv1d.weight[:, 0], document_ids))
+        kept = mixed if valid is None else mixed * valid[..., None]  # no padding in the convolution's cache
+        conv_state = conv_state_after(kept, self.args.conv_kernel_size)
+        mixed = F.silu(self.short_conv(mixed, self.conv1d.weight[:, 0], document_ids))
         q, k, v = self._split_heads(mixed)
-        out, state = chunk_gated_delta_rule(
-            q, k, v, *self._gates(b, a), document_ids=document_ids, use_qk_l2norm=True,
-            chunk_size=self.args.chunk_size,
-        )  # fmt: skip
+        out, state = self.delta_rule(q, k, v, *self._gates(b, a), document_ids=document_ids)
         return self._output(out, z), GatedDeltaNetCache(conv_state, state)
 
     def _project(self, x: torch.Tensor):
         """x [B, S, dim] -> q, k [B, S, H_k, d_k]; v, z [B, S, H_v, d_v]; b, a [B, S, H_v], undoing the per-group
         interleaving of in_proj_qkvz and in_proj_ba (module docstring)."""
+        # Heads are counted from the tensors (-1), not args: under tensor parallelism the projections hold only this
+        # rank's key-head groups.
         args = self.args
         per_key_head = args.n_value_heads // args.n_key_heads
         batch, seq_len = x.shape[:2]
-        qkvz = self.in_proj_qkvz(x).view(batch, seq_len, args.n_key_heads, -1)
         group_value = per_key_head * args.value_head_dim
+        qkvz = self.in_proj_qkvz(x).reshape(batch, seq_len, -1, 2 * args.key_head_dim + 2 * group_value)
         q, k, v, z = qkvz.split([args.key_head_dim, args.key_head_dim, group_value, group_value], dim=-1)
-        b, a = self.in_proj_ba(x).view(batch, seq_len, args.n_key_heads, -1).split(per_key_head, dim=-1)
-        v, z = (t.reshape(batch, seq_len, args.n_value_heads, args.value_head_dim) for t in (v, z))
-        b, a = (t.reshape(batch, seq_len, args.n_value_heads) for t in (b, a))
+        b, a = self.in_proj_ba(x).reshape(batch, seq_len, -1, 2 * per_key_head).split(per_key_head, dim=-1)
+        v, z = (t.reshape(batch, seq_len, -1, args.value_head_dim) for t in (v, z))
+        b, a = (t.reshape(batch, seq_len, -1) for t in (b, a))
         return q, k, v, z, b, a
 
     def _split_heads(self, mixed: torch.Tensor):
+        """mixed [..., q | k | v] -> q, k [..., H_k, d_k], v [..., H_v, d_v], H_k from mixed's width (this rank's
+        key heads under tensor parallelism): each key head brings two d_k channels and its value heads' d_v."""
         args = self.args
-        q, k, v = mixed.split([args.key_dim, args.key_dim, args.value_dim], dim=-1)
+        per_key_head = args.n_value_heads // args.n_key_heads
+        n_key_heads = mixed.shape[-1] // (2 * args.key_head_dim + per_key_head * args.value_head_dim)
+        key_dim, value_dim = n_key_heads * args.key_head_dim, n_key_heads * per_key_head * args.value_head_dim
+        q, k, v = mixed.split([key_dim, key_dim, value_dim], dim=-1)
         return (
-            q.unflatten(-1, (args.n_key_heads, args.key_head_dim)),
-            k.unflatten(-1, (args.n_key_heads, args.key_head_dim)),
-            v.unflatten(-1, (args.n_value_heads, args.value_head_dim)),
+            q.unflatten(-1, (n_key_heads, args.key_head_dim)),
+            k.unflatten(-1, (n_key_heads, args.key_head_dim)),
+            v.unflatten(-1, (-1, args.value_head_dim)),
         )
 
     def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from titan_models.linear_attention.documents import document_runs
 
@@ -31,6 +32,17 @@ def causal_depthwise_conv1d(
         same_document = (padded_runs[:, i : i + seq_len] == runs)[..., None]
         out = out + weight[:, i] * padded[:, i : i + seq_len] * same_document
     return out
+
+
+class CausalDepthwiseConv1d(nn.Module):
+    """`causal_depthwise_conv1d` as a parameter-free module (the weight stays the layer's HF-named conv1d): the seam
+    where titan_parallel's context parallelism, recognizing `cp_style`, feeds each sequence piece the K - 1 inputs
+    before it from the rank that holds them."""
+
+    cp_style = "causal_conv"
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return causal_depthwise_conv1d(x, weight, document_ids)
 
 
 def causal_depthwise_conv1d_step(

@@ -1,5 +1,6 @@
 """Context parallelism: the sequence split over the cp ranks, and the model's attention modules swapped for
-ring attention.
+ring attention (and linear attention's token-mixing steps for versions that carry their state and convolution
+halo across ranks: linear_attention_cp.py).
 
 Causal attention gives late tokens more work than early ones, so a plain split would leave the last rank
 with most of it. The sequence is cut into 2*cp chunks and rank i holds chunks i and 2*cp-1-i (one early, one
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from titan_parallel.cp.linear_attention_cp import SWAPS as LINEAR_ATTENTION_SWAPS
 from titan_parallel.cp.ring_attention import VARIANTS, ring_attention_by_name
 from titan_parallel.cp.ring_comm import cp_group
 from titan_parallel.params.module_patterns import fqn_matches
@@ -144,6 +146,11 @@ def apply_cp(
     `sliding_window` (default None) are kept. The model is then fed
     `shard_sequence`'d inputs, and its positions (RoPE) must follow `load_balanced_positions`.
 
+    A matched module whose `cp_style` names a linear-attention step ("gated_delta_rule", "causal_conv": Gated
+    DeltaNet's parameter-free seams) is wrapped instead by its context-parallel version (linear_attention_cp.py),
+    which carries the recurrent state and the convolution's halo across ranks; `variant`, `implementation` and
+    `kernel` concern ring attention only.
+
     `variant`: "p2p" or "allgather" (see ring_attention.py). `implementation`: "titan" (this ring
     attention, any device) or "torch" (torch's experimental context parallelism, CUDA only: its sharding
     order is the same head-tail one). `kernel`: per-block kernel of the titan ring, see `ring_attention`.
@@ -157,6 +164,12 @@ def apply_cp(
     swapped = []
     for fqn, module in list(model.named_modules()):
         if not any(fqn_matches(pattern, fqn) for pattern in attention_fqns):
+            continue
+        linear = LINEAR_ATTENTION_SWAPS.get(getattr(module, "cp_style", None))
+        if linear is not None:
+            parent, _, name = fqn.rpartition(".")
+            setattr(model.get_submodule(parent), name, linear(module, cp_mesh))
+            swapped.append(fqn)
             continue
         is_causal, scale = getattr(module, "is_causal", True), getattr(module, "scale", None)
         window = getattr(module, "sliding_window", None)

@@ -20,8 +20,16 @@ what the module holds at the time, and only for a DTensor on the style's own mes
   names `local_view_names` gives (simple_fsdp.py).
 - Under `sharded_params()` the properties return the stored DTensors: init_weights writes each rank's shard.
 
+Channels in blocks (`blocks`, Qwen3-Next's convolution over q | k | v, each split by head): a rank's channels are
+its part of each block, which no DTensor placement describes. The named tensors are then stored replicated (whole
+on every rank, as a checkpoint holds them) and read as the concatenation of this rank's part of each block, the
+gradient of that view declared Partial like a replicated tensor's: each rank's is zero outside its own channels,
+so the sum is the whole gradient. Not under SimpleFSDP yet: its view of what it gathers (simple_fsdp.py) is the
+whole tensor, not this rank's blocks, and the module fails on the width (a loud shape error, not a wrong result).
+
 A model package declares this style without importing titan-parallel: `apply_tp` turns a plan entry with
-`parallel_style == "channel_shard"` and a `sharded` tuple of names into ChannelParallel(sharded).
+`parallel_style == "channel_shard"`, a `sharded` tuple of names and optional `blocks` into
+ChannelParallel(sharded, blocks).
 """
 
 from __future__ import annotations
@@ -44,12 +52,14 @@ class ChannelParallel(ParallelStyle):
     to, e.g. "out.weight") on dim 0 and replicate the others; the module and its submodules then read
     plain local tensors (module docstring)."""
 
-    def __init__(self, sharded: Iterable[str]):
+    def __init__(self, sharded: Iterable[str], blocks: Iterable[int] = ()):
         super().__init__()
         self.sharded = frozenset(sharded)
+        self.blocks = tuple(blocks)
 
     def __repr__(self) -> str:
-        return f"ChannelParallel(sharded={sorted(self.sharded)})"
+        blocks = f", blocks={self.blocks}" if self.blocks else ""
+        return f"ChannelParallel(sharded={sorted(self.sharded)}{blocks})"
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         tensors = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
@@ -59,18 +69,33 @@ class ChannelParallel(ParallelStyle):
                 f"ChannelParallel: {type(module).__name__} has no parameter or buffer named "
                 f"{', '.join(map(repr, unknown))}; its tensors are {', '.join(tensors)}"
             )
+        if self.blocks:
+            self._check_blocks(module, device_mesh.size())
         distribute_module(module, device_mesh, self._partition)
-        for submodule in module.modules():
+        rows = _block_rows(self.blocks, device_mesh) if self.blocks else None
+        for prefix, submodule in module.named_modules():
             names = tuple(sorted([*submodule._parameters, *submodule._buffers]))
             if names:
-                properties = {name: property(_local_getter(name, device_mesh)) for name in names}
+                in_blocks = {name: rows if _join(prefix, name) in self.sharded else None for name in names}
+                properties = {name: property(_local_getter(name, device_mesh, in_blocks[name])) for name in names}
                 namespace = {**properties, LOCAL_VIEW_NAMES: frozenset(names)}
-                swap_class(submodule, _CLASS_PREFIX, (names, device_mesh), namespace)
+                swap_class(submodule, _CLASS_PREFIX, (names, device_mesh, tuple(in_blocks.items())), namespace)
         return module
 
+    def _check_blocks(self, module: nn.Module, ranks: int) -> None:
+        tensors = dict([*module.named_parameters(), *module.named_buffers()])
+        for name in sorted(self.sharded):
+            channels = tensors[name].shape[0]
+            if sum(self.blocks) != channels or any(size % ranks for size in self.blocks):
+                raise ValueError(
+                    f"ChannelParallel: {type(module).__name__}.{name} has {channels} channels, which blocks "
+                    f"{self.blocks} must add up to, each a multiple of the {ranks} ranks"
+                )
+
     def _partition(self, prefix: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        # Blocks are stored whole (module docstring): no placement holds a rank's part of each.
         def placement(name: str):
-            return [Shard(0) if (f"{prefix}.{name}" if prefix else name) in self.sharded else Replicate()]
+            return [Shard(0) if _join(prefix, name) in self.sharded and not self.blocks else Replicate()]
 
         for name, param in list(module.named_parameters(recurse=False)):
             dparam = nn.Parameter(distribute_tensor(param, mesh, placement(name), src_data_rank=self.src_data_rank))
@@ -81,11 +106,23 @@ class ChannelParallel(ParallelStyle):
             module.register_buffer(name, dbuffer, persistent=persistent)
 
 
-def _local_getter(name: str, mesh: DeviceMesh):
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _block_rows(blocks: tuple[int, ...], mesh: DeviceMesh) -> tuple[tuple[int, int], ...]:
+    """(start, length) of the channels this rank reads of a tensor whose channels are `blocks` side by side: its
+    part of each."""
+    rank, ranks = mesh.get_local_rank(), mesh.size()
+    return tuple((sum(blocks[:i]) + rank * size // ranks, size // ranks) for i, size in enumerate(blocks))
+
+
+def _local_getter(name: str, mesh: DeviceMesh, rows: tuple[tuple[int, int], ...] | None = None):
     def get(module: nn.Module) -> torch.Tensor | None:
         value = stored(module, name)
         if reading_stored() or not isinstance(value, DTensor) or value.device_mesh != mesh:
             return value
-        return local_view(value)
+        view = local_view(value)
+        return view if rows is None else torch.cat([view.narrow(0, start, length) for start, length in rows])
 
     return get

@@ -39,9 +39,15 @@ Shared experts (DeepSeek-V3), every token's SwiGLU, are split on their hidden un
 [hidden, dim] on dim 0, w2 [dim, hidden] on dim 1), in either case: their output is one more partial sum
 and their input gradient one more partial share, with no communication of their own.
 
+Qwen3-Next's `shared_expert_gate` (sigmoid(x w^T) per token, weight [1, dim]) scales the shared experts' output:
+stored replicated and read whole on every rank (ChannelParallel's view of a replicated tensor), it scales a partial
+sum into a partial sum of the gated output. Its gradients are partial sums for the same reason: the input's joins
+the experts' (reduce-scattered), the weight's is declared Partial and summed over the group.
+
 The module is duck typed (titan_models.moe.MoE): `router(tokens)` returns an object with `weights`
 [tokens, top_k]; `router.gate.weight`; `experts.w1`, `w2`, `w3`; optionally `shared_experts.w1` / `w2` /
-`w3` Linear layers computed from their local weights (titan_models' SharedExperts); optionally `router.gate.bias`,
+`w3` Linear layers computed from their local weights (titan_models' SharedExperts) and `shared_expert_gate` (its
+`weight`); optionally `router.gate.bias`,
 `experts.w1_bias`, `w2_bias`, `w3_bias` (None where absent); `forward` returns
 (output, routing statistics). Its code reads plain local tensors (titan_models' `local_tensor`). A model
 package declares the style as data (`parallel_style == "experts_hidden_shard"`, titan_models.tp_styles).
@@ -59,6 +65,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from titan_parallel.params.stored_params import reading_stored, stored, swap_class
+from titan_parallel.tp.channel_parallel import ChannelParallel
 from titan_parallel.tp.shared_input import gather_sequence
 
 # Each weight's hidden-unit dim: the routed experts' [experts, dim, hidden] / [experts, hidden, dim], the shared
@@ -95,6 +102,8 @@ class MoETensorParallel(ParallelStyle):
         shared = getattr(module, "shared_experts", None)
         for name, dim in SHARED_HIDDEN_DIM.items() if shared is not None else ():
             _distribute(getattr(shared, name), "weight", device_mesh, Shard(dim))
+        if getattr(module, "shared_expert_gate", None) is not None:
+            ChannelParallel(())._apply(module.shared_expert_gate, device_mesh)
         _distribute(router.gate, "weight", device_mesh, Replicate())
         if getattr(router.gate, "bias", None) is not None:
             _distribute(router.gate, "bias", device_mesh, Replicate())

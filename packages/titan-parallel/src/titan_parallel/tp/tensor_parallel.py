@@ -4,7 +4,8 @@ A plan maps FQN patterns to torch ParallelStyles or to declared styles: plain da
 writes without importing titan-parallel (titan-models may import torch only), recognized by duck typing:
 
     an object with parallel_style == "channel_shard" and `sharded` (a tuple of parameter/buffer names)
-        -> ChannelParallel(sharded)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard)
+        -> ChannelParallel(sharded, blocks)   (channel_parallel.py; e.g. titan_models.tp_styles.ChannelShard;
+           `blocks` optional)
     an object with parallel_style == "experts_hidden_shard"
         -> MoETensorParallel()        (moe_parallel.py; titan_models.tp_styles.ExpertsHiddenShard)
     an object with parallel_style == "heads_share_input"
@@ -103,7 +104,7 @@ def _as_parallel_style(fqn: str, entry: object, expert_parallel: bool = False) -
         return entry
     # A tuple, not any iterable: a lone string would shard one-letter names.
     if getattr(entry, "parallel_style", None) == "channel_shard" and isinstance(getattr(entry, "sharded", None), tuple):
-        return ChannelParallel(entry.sharded)
+        return ChannelParallel(entry.sharded, blocks=getattr(entry, "blocks", ()))
     if getattr(entry, "parallel_style", None) == "experts_hidden_shard":
         return MoETensorParallel(expert_parallel=expert_parallel)
     if getattr(entry, "parallel_style", None) == "heads_share_input":

@@ -204,6 +204,9 @@ def run(argv: list[str]) -> str | None:
         model, tokenizer, name, source = loaded.model, loaded.tokenizer, loaded.name, loaded.description
     model.eval()
     stats = check_speculative_model(model, source) if options.speculative else None
+    memory = state_memory_line(model, len(prompts))
+    if memory is not None:
+        print(f"[titan-generate] {memory}", file=sys.stderr)
     if options.chat:
         return _chat(model, tokenizer, prompts, options, name, source, stats)
     prompt_ids = [tokenizer.encode(prompt, bos=True, eos=False) for prompt in prompts]
@@ -318,6 +321,18 @@ def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_n
         f"{mib['spectra']:.1f} MiB + caches {mib['small']:.1f} MiB; largest transient (biggest tile) "
         f"{mib['transient']:.1f} MiB"
     )
+
+
+def state_memory_line(model: torch.nn.Module, rows: int) -> str | None:
+    """For a decoder with linear-attention layers (Qwen3-Next): the state each holds, constant in the generated
+    length, and the keys and values each token adds to a full layer (titan_models.generate.decode_memory); None
+    for any other model."""
+    from titan_models.decoder.model import Decoder
+    from titan_models.generate import decode_memory
+
+    if not isinstance(model, Decoder) or not any(model.args.is_linear_attention(i) for i in range(model.args.n_layers)):
+        return None
+    return decode_memory(model, rows).line()
 
 
 def main(argv: list[str] | None = None) -> int:

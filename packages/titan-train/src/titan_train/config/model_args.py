@@ -20,7 +20,7 @@ def model_args(config: JobConfig):
     args = dataclasses.replace(args, max_seq_len=max(args.max_seq_len, config.training.seq_len))
     args = _with_mtp(_with_moe_choices(_with_depth(args, config.model.n_layers), config), config)
     _check_attention_layouts(args, config)
-    _check_expert_bias_layouts(args, config)
+    _check_simple_fsdp_beside_tp(args, config)
     return args
 
 
@@ -41,21 +41,26 @@ def _check_attention_layouts(args, config: JobConfig) -> None:
         )
 
 
-def _check_expert_bias_layouts(args, config: JobConfig) -> None:
-    """Tensor parallelism adds the experts' output bias (w2_bias) on one tp rank through a property of the experts
-    module (titan_parallel.tp.moe_parallel); SimpleFSDP reads every parameter through properties of its own, which
-    would add it on every tp rank. (Beside expert parallelism the experts are not split that way, and expert
-    parallelism refuses SimpleFSDP on its own.)"""
+def _check_simple_fsdp_beside_tp(args, config: JobConfig) -> None:
+    """Tensor parallelism reads two kinds of tensors through views of its own, which SimpleFSDP's views of every
+    parameter would replace: the experts' output bias (w2_bias, added on one tp rank: titan_parallel.tp.moe_parallel)
+    beside no expert parallelism, and a Gated DeltaNet's convolution (its q | k | v channel blocks, each split by head:
+    titan_parallel.tp.channel_parallel). Refused before anything is built."""
     p = config.parallelism
-    moe = getattr(args, "moe", None)
-    if moe is None or not moe.expert_proj_bias or p.tensor_parallel_degree == 1 or p.expert_parallel_degree > 1:
+    if p.tensor_parallel_degree == 1 or p.fsdp_implementation != "simple_fsdp":
         return
-    if p.fsdp_implementation == "simple_fsdp":
+    moe = getattr(args, "moe", None)
+    reasons = []
+    if moe is not None and moe.expert_proj_bias and p.expert_parallel_degree == 1:
+        reasons.append("expert biases, whose output bias tensor parallelism adds on one rank through a view")
+    if getattr(args, "linear_attention", None) is not None:
+        reasons.append("linear-attention layers, whose convolution tensor parallelism splits in blocks through a view")
+    if reasons:
         raise ConfigError(
             f"parallelism.fsdp_implementation='simple_fsdp' with parallelism.tensor_parallel_degree="
-            f"{p.tensor_parallel_degree}: model {config.model.name!r} ({config.model.flavor}) has expert biases, "
-            "whose output bias tensor parallelism adds on one rank through a view SimpleFSDP would replace; use "
-            "parallelism.fsdp_implementation='fsdp2' (or expert parallelism)"
+            f"{p.tensor_parallel_degree}: model {config.model.name!r} ({config.model.flavor}) has "
+            f"{' and '.join(reasons)} SimpleFSDP would replace; use parallelism.fsdp_implementation='fsdp2'"
+            + (" (or expert parallelism)" if len(reasons) == 1 and "expert" in reasons[0] else "")
         )
 
 

@@ -37,6 +37,15 @@ def check_speculative_model(model: torch.nn.Module, source: str):
     """A fresh SpeculationStats when `model` can draft with MTP modules; ConfigError naming the fix otherwise."""
     from titan_models.generate import SpeculationStats
 
+    args = getattr(model, "args", None)
+    linear = (
+        [i for i in range(args.n_layers) if args.is_linear_attention(i)] if hasattr(args, "is_linear_attention") else []
+    )
+    if linear:
+        raise ConfigError(
+            f"--speculative mtp cannot run on {source}: its linear-attention layers {linear} keep a recurrent state "
+            "that cannot roll a rejected draft back (not implemented); drop --speculative"
+        )
     if getattr(model, "mtp", None) is None:
         depth = getattr(getattr(model, "args", None), "mtp_layers", None)
         has = "none (model.mtp_layers = 0)" if depth == 0 else "none (not a decoder family)"

@@ -17,6 +17,7 @@ window's keys -- counted pair by pair (as the causal kernels' halving is), block
 from __future__ import annotations
 
 from titan_debug import Collective, attention_flops, group_ranks
+from titan_train.simulate.solve_costs import triangular_solve_cost
 
 
 def visible_keys_per_query(length: int, window: int | None) -> float:
@@ -77,4 +78,6 @@ OPAQUE_OP_COSTS = {
     "titan.ring_attention_backward": lambda bound: _ring_attention(bound, backward=True),
     "titan.flex_attention_stand_in": lambda bound: _flex_attention(bound, backward=False),
     "titan.flex_attention_stand_in_backward": lambda bound: _flex_attention(bound, backward=True),
+    # Not opaque, but a matmul-like op op_trace does not count (Qwen3-Next's delta rule; solve_costs.py).
+    "aten.linalg_solve_triangular": triangular_solve_cost,
 }
