@@ -263,8 +263,7 @@ def _ring_forward(
     rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
     documents = _gather_documents(document_ids, group)
     # Every query row sees at least itself, so after all blocks no lse is -inf; the merge starts from "no key".
-    # zeros_like keeps q's strides, which the fake kernel (empty_like) promises compiled callers.
-    out = torch.zeros_like(q, dtype=torch.float32)
+    out = _output_like(q, v, torch.float32, torch.zeros_like)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     for source, kv in _blocks(pack(k, v), group, variant):
         kb, vb = unpack(kv, shapes)
@@ -286,7 +285,15 @@ def _ring_forward(
 
 @_ring_forward.register_fake
 def _(q, k, v, group_name, causal, scale, variant, kernel, document_ids, window, sinks):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return _output_like(q, v, q.dtype, torch.empty_like), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _output_like(q: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, like) -> torch.Tensor:
+    """The output [B, H, S, value width]: in q's strides where values are as wide as queries (what compiled callers
+    are promised by the fake kernel), contiguous where they are narrower (multi-head latent attention)."""
+    if v.shape[-1] == q.shape[-1]:
+        return like(q, dtype=dtype)
+    return torch.zeros(*q.shape[:-1], v.shape[-1], dtype=dtype, device=q.device)
 
 
 @torch.library.custom_op("titan::ring_attention_backward", mutates_args=())
