@@ -69,6 +69,24 @@ def first_batch_loss_by_transformers(folder, dp: int, seq_len: int, batch: int) 
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
 
 
+def train_from_folder_and_export(model_name: str, folder: Path, dump: Path, seq_len: int, batch: int) -> list[dict]:
+    """3 steps of `model_name` on FSDP 2 from the folder's weights (its config.json as the flavor), checkpointed and
+    exported to float32 safetensors at dump/hf; the metrics.jsonl rows."""
+    import json
+
+    options = ["--config", str(ROOT / "configs" / "debug_model.toml"), "--model.name", model_name,
+               "--model.flavor", f"hf:{folder}", "--checkpoint.initial_load_path", str(folder),
+               "--training.seq_len", str(seq_len), "--training.local_batch_size", str(batch),
+               "--training.steps", "3", "--metrics.log_freq", "1", "--job.dump_folder", str(dump),
+               "--validation.enable", "false", "--checkpoint.enable", "true",
+               "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
+           *options]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+
+
 def assert_titan_generate_equals_transformers_greedy(folder: Path, workdir: Path) -> None:
     """`titan-generate --checkpoint` on the folder alone (no recipe, no flavor: its config.json and the
     tokenizer beside it) prints the prompt and transformers' greedy continuation."""

@@ -7,10 +7,6 @@ References and tolerances: transformers' GptOssForCausalLM in float32 with eager
 the trainer's first loss rtol 1e-5 (reductions run in another order); logits atol 1e-4.
 """
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -19,8 +15,7 @@ import transformers
 from safetensors.torch import load_file
 
 import hf_checks
-from hf_checks import first_batch_loss_by_transformers, ours_from, tokens
-from launch_helpers import ROOT, _env
+from hf_checks import first_batch_loss_by_transformers, ours_from, tokens, train_from_folder_and_export
 from titan_checkpoint import ModelState, export_safetensors, import_hf_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
@@ -63,18 +58,7 @@ def test_training_starts_from_the_folders_weights_and_exports_what_transformers_
     """3 steps on FSDP 2 from the folder: the first loss is transformers' loss of that batch; the export at the end
     has transformers' keys exactly, and loads in transformers with the trained model's logits."""
     dump = tmp_path / "run"
-    options = ["--config", str(ROOT / "configs" / "debug_model.toml"), "--model.name", "gpt_oss",
-               "--model.flavor", f"hf:{hf_folder}", "--checkpoint.initial_load_path", str(hf_folder),
-               "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size", str(BATCH),
-               "--training.steps", "3", "--metrics.log_freq", "1", "--job.dump_folder", str(dump),
-               "--validation.enable", "false", "--checkpoint.enable", "true",
-               "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
-           *options]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-    rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
+    rows = train_from_folder_and_export("gpt_oss", hf_folder, dump, SEQ_LEN, BATCH)
     monkeypatch.setattr(hf_checks, "hf_model", eager_hf_model)
     assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(hf_folder, 2, SEQ_LEN, BATCH), rel=1e-5)
 

@@ -76,6 +76,8 @@ CASES = [
     # SwiGLU, YaRN). Under CP the window cuts the 16-token chunks (cp 2) and 8-token ones (cp 4): ring blocks are
     # skipped, masked and fused; the sinks' gradients are summed over the cp ranks.
     ("gpt_oss_fsdp2", 2, 2, GPT_OSS, []),
+    ("gpt_oss_hsdp2x2_ac_op", 4, 4, GPT_OSS, ["--parallelism.data_parallel_replicate_degree", "2",
+                                              "--activation_checkpoint.mode", "selective"]),
     ("gpt_oss_ep2_ac_full", 2, 2, GPT_OSS, [*EP2, "--activation_checkpoint.mode", "full"]),
     ("gpt_oss_pp2_sequence_aux", 2, 1, (*GPT_OSS, *SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2]),
     ("gpt_oss_fsdp2_float8", 2, 2, (*GPT_OSS, "--float8.enable", "true", "--float8.emulate", "true"), []),
@@ -92,6 +94,7 @@ CASES = [
     # Qwen3-Next (tiny: three Gated DeltaNet layers then a gated full-attention one, 8 experts, 2 per token, a gated
     # shared expert).
     ("qwen3_next_fsdp2", 2, 2, QWEN3_NEXT, []),
+    ("qwen3_next_hsdp2x2", 4, 4, QWEN3_NEXT, ["--parallelism.data_parallel_replicate_degree", "2"]),
     ("qwen3_next_ep2_ac_full", 2, 2, QWEN3_NEXT, [*EP2, "--activation_checkpoint.mode", "full"]),
     ("qwen3_next_pp2_sequence_aux", 2, 1, (*QWEN3_NEXT, *SEQUENCE_AUX, "--training.local_batch_size", "4"), [*PP2]),
     ("qwen3_next_fsdp2_compile_ac_op_block_causal", 2, 2, (*QWEN3_NEXT, "--model.attention_mask", "block_causal"),
