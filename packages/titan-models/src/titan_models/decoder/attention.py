@@ -12,6 +12,7 @@ from torch import nn
 from titan_models.decoder.attention_kernels import choose_kernel
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
 from titan_models.decoder.rope import apply_rotary_emb
+from titan_models.moe.local_tensor import local_tensor
 from titan_models.seeded_init import SeededInit
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class Attention(nn.Module):
         # Sinks and the window's positions go by keyword only where they exist: a swapped-in kernel that knows
         # neither (context parallelism's ring) then fails loudly on them rather than computing without them.
         inputs = (q, k, v) if document_ids is None else (q, k, v, document_ids)
-        extra = {} if self.sinks is None else {"sinks": _local(self.sinks)}
+        extra = {} if self.sinks is None else {"sinks": local_tensor(self.sinks)}
         if self.sliding_window is not None:
             extra["positions"] = positions
         out = self.inner_attention(*inputs, **extra).transpose(1, 2).reshape(bs, seqlen, -1)
@@ -143,10 +144,3 @@ class Attention(nn.Module):
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()
-
-
-def _local(param: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a parameter sharded as a DTensor (tensor parallelism shards the sinks by head, as it
-    shards wq's output); the parameter itself otherwise. Duck-typed so model code never imports
-    torch.distributed."""
-    return param.to_local() if hasattr(param, "to_local") else param
