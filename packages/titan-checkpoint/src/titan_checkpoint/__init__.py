@@ -46,7 +46,7 @@ from titan_checkpoint.model_tensors import model_tensor_names, read_model_tensor
 from titan_checkpoint.saving import save_checkpoint, save_seed_checkpoint
 from titan_checkpoint.states import DataParallelState, ModelState, OptimizerState, RankLocal, RNGState
 
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 __all__ = [
     "CheckpointConfig",
