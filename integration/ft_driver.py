@@ -3,7 +3,8 @@ moments, as plain tensors, to OUT.pt: what a replica-group test compares between
 
     torchrun --nproc_per_node N ft_driver.py OUT.pt [titan-train options...]
 
-TITAN_TEST_STEP_SECONDS: seconds added to every step (after its quorum), so that a tiny model's steps last long
+TITAN_TEST_STEP_SECONDS: seconds added to every step (after its quorum, or before with
+TITAN_TEST_PAUSE_BEFORE_QUORUM=1), so that a tiny model's steps last long
 against a restart (seconds of Python start-up here; in production steps of seconds against restarts of minutes).
 """
 
@@ -27,9 +28,13 @@ def main(argv: list[str]) -> None:
     env = init_distributed(config)
     try:
         trainer = Trainer(config, env, run)
-        # The pause comes after the step's quorum: a group killed then fails the others' step in flight.
+        # The pause comes after the step's quorum: a group killed then fails the others' step in flight; with
+        # TITAN_TEST_PAUSE_BEFORE_QUORUM=1 before it: a rank stopped then never asks for the step's quorum.
         pause, quorum = float(os.environ.get("TITAN_TEST_STEP_SECONDS", "0")), trainer.replicas.start_step
-        trainer.replicas.start_step = lambda: (quorum(), time.sleep(pause))
+        if os.environ.get("TITAN_TEST_PAUSE_BEFORE_QUORUM") == "1":
+            trainer.replicas.start_step = lambda: (time.sleep(pause), quorum())
+        else:
+            trainer.replicas.start_step = lambda: (quorum(), time.sleep(pause))
         trainer.train()
         save_full_states(trainer, env.rank, out, with_step=True)
     finally:

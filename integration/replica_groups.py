@@ -63,14 +63,16 @@ class Group:
 
 
 def start_group(replica_id: int, groups: int, args: list[str], root: Path, lighthouse: str, nproc: int = 2,
-                max_restarts: int = 0, step_seconds: float = 0.0) -> Group:  # fmt: skip
+                max_restarts: int = 0, step_seconds: float = 0.0,
+                pause_before_quorum: bool = False) -> Group:  # fmt: skip
     dump = root / f"group{replica_id}"
     log = root / f"group{replica_id}.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.2", str(DRIVER), f"{dump}.pt", *args,
            "--job.dump_folder", str(dump), "--fault_tolerance.enable", "true",
            "--fault_tolerance.group_size", str(groups), "--fault_tolerance.replica_id", str(replica_id)]  # fmt: skip
-    env = {**_env(), "TORCHFT_LIGHTHOUSE": lighthouse, "TITAN_TEST_STEP_SECONDS": str(step_seconds)}
+    env = {**_env(), "TORCHFT_LIGHTHOUSE": lighthouse, "TITAN_TEST_STEP_SECONDS": str(step_seconds),
+           "TITAN_TEST_PAUSE_BEFORE_QUORUM": "1" if pause_before_quorum else "0"}  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     return Group(replica_id, dump, proc, log)
@@ -78,12 +80,13 @@ def start_group(replica_id: int, groups: int, args: list[str], root: Path, light
 
 def run_groups(args: list[str], root: Path, groups: int = 2, kill: tuple[int, int, int] | None = None,
                timeout: float = 300, step_seconds: float = 0.0, nproc: int = 2,
-               min_replicas: int = 1, sig: int = signal.SIGKILL) -> list[Group]:  # fmt: skip
+               min_replicas: int = 1, sig: int = signal.SIGKILL,
+               pause_before_quorum: bool = False) -> list[Group]:  # fmt: skip
     """Run `groups` replica groups of `nproc` ranks to the end (the lighthouse's quorum: `min_replicas`).
     `kill`: (group, rank, step): send `sig` (kill -9, or SIGSTOP: a hung rank) to that rank of that group once
     the group has logged that step, once; that group may restart once, the others never. `step_seconds`: added
-    to every step (ft_driver.py). Each group's `seen` says when its steps were logged, `signalled_at` when `sig`
-    was sent."""
+    to every step (ft_driver.py), after its quorum or (`pause_before_quorum`) before it. Each group's `seen`
+    says when its steps were logged, `signalled_at` when `sig` was sent."""
     root.mkdir(parents=True, exist_ok=True)
     lighthouse, address = start_lighthouse(root / "lighthouse.log", min_replicas)
     launched = [
@@ -96,6 +99,7 @@ def run_groups(args: list[str], root: Path, groups: int = 2, kill: tuple[int, in
             max_restarts=1 if kill and kill[0] == g else 0,
             step_seconds=step_seconds,
             nproc=nproc,
+            pause_before_quorum=pause_before_quorum,
         )  # fmt: skip
         for g in range(groups)
     ]

@@ -94,3 +94,40 @@ def test_a_healed_rank_reads_its_own_rows_from_the_state_of_a_peer_groups_rank()
     got = next(iter(healed))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert not torch.equal(got[0], next(peer_batches)[0])  # the peer's own next rows are others
+
+
+class _QuorumTimingOut:
+    """torchft's Manager as `_join_quorum` sees it: start_quorum times out `failures` times, then forms."""
+
+    def __init__(self, failures: int):
+        self.failures, self.calls, self._quorum_future = failures, 0, None
+
+    def start_quorum(self):
+        self.calls += 1
+        assert self._quorum_future is None, "asked again while the failed quorum's future was kept (it re-raises)"
+        if self.calls <= self.failures:
+            self._quorum_future = "failed"
+            raise TimeoutError("quorum timed out")
+
+
+def _groups_with(manager, ranks_answer: bool):
+    groups = object.__new__(ReplicaGroups)
+    groups.cfg = cli(*ON, "--fault_tolerance.lighthouse_address", "x").fault_tolerance
+    groups.manager = manager
+    groups._all_ranks_answer = lambda: ranks_answer
+    return groups
+
+
+def test_a_quorum_timeout_with_every_rank_of_the_group_here_asks_again():
+    """Another group's hung rank keeps the lighthouse from forming any quorum until that group exits: a group
+    whose ranks all answer waits it out rather than failing with it."""
+    manager = _QuorumTimingOut(failures=2)
+    _groups_with(manager, ranks_answer=True)._join_quorum()
+    assert manager.calls == 3
+
+
+def test_a_quorum_timeout_with_a_silent_rank_in_the_group_fails_it_for_a_restart():
+    manager = _QuorumTimingOut(failures=1)
+    with pytest.raises(RuntimeError, match=r"did not answer a barrier .* for its launcher to restart it"):
+        _groups_with(manager, ranks_answer=False)._join_quorum()
+    assert manager.calls == 1

@@ -92,6 +92,8 @@ class ReplicaGroups:
             lighthouse_addr=cfg.lighthouse_address or os.environ["TORCHFT_LIGHTHOUSE"],
             replica_id=f"titan_group_{cfg.replica_id}",
         )  # fmt: skip
+        # Every rank of this group builds it here, at the same point of start-up, as new_group requires.
+        self._barrier_group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
         self._states: dict[str, Any] = {}
         # local_sgd / diloco: groups agree (quorum, averaging, commit) only every sync_steps, after the optimizer
         # step (semi_sync.py); the per-step hooks below then leave each group to itself.
@@ -131,7 +133,7 @@ class ReplicaGroups:
     def start_step(self) -> None:
         if not self._per_step:
             return
-        self.manager.start_quorum()
+        self._join_quorum()
         # A fresh job starts with all its groups, whichever started first: else the first one up trains alone and
         # the others heal from it (correct, but the run would depend on start-up timing).
         deadline = time.monotonic() + self.cfg.timeout_seconds
@@ -140,8 +142,44 @@ class ReplicaGroups:
                 logger.warning(f"fault tolerance: starting with replica groups {self.live()}")
                 break
             time.sleep(0.1)
-            self.manager.start_quorum()
+            self._join_quorum()
         self._log_membership()
+
+    def _join_quorum(self) -> None:
+        """torchft's quorum, asked again when it times out while every rank of this group is here.
+
+        A group with a hung rank that never asked for the quorum still heartbeats through its manager (its rank
+        0), and the lighthouse forms no quorum of a minority of the heartbeating groups: every group's quorum
+        times out. Which group is the broken one, each learns from a barrier of its own ranks: the group whose
+        ranks all answer asks again (the quorum forms once the broken group's manager has exited); the group
+        with a silent rank fails, so that its launcher restarts it and it heals from the others."""
+        while True:
+            try:
+                self.manager.start_quorum()
+                return
+            except TimeoutError as error:
+                if not self._all_ranks_answer():
+                    raise RuntimeError(
+                        f"fault tolerance: replica group {self.cfg.replica_id} got no quorum within "
+                        f"fault_tolerance.timeout_seconds ({self.cfg.timeout_seconds} s) and a rank of this group "
+                        "did not answer a barrier within as long: the group fails, for its launcher to restart it"
+                    ) from error
+                logger.warning(
+                    f"fault tolerance: no quorum within fault_tolerance.timeout_seconds ({self.cfg.timeout_seconds} "
+                    "s), every rank of this group answers: another group is hung; asking again"
+                )
+                # torchft keeps the failed quorum's future and start_quorum() would raise its error again.
+                self.manager._quorum_future = None
+
+    def _all_ranks_answer(self) -> bool:
+        """A barrier of this group's ranks (gloo, CPU: whatever the training backend) within timeout_seconds."""
+        if self._barrier_group is None:
+            return True  # one process, not launched by torchrun: it is here
+        try:
+            dist.monitored_barrier(self._barrier_group, timeout=timedelta(seconds=self.cfg.timeout_seconds))
+            return True
+        except RuntimeError:
+            return False
 
     def _log_membership(self) -> None:
         """Say, when it changes, how many groups train the steps from this one and what that means for the data."""
