@@ -60,8 +60,7 @@ def wait_for(condition, what: str, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.slow  # about two minutes: three rendezvous and two restarts on 2 cores (`nox -s slow`)
-@pytest.mark.stress
+@pytest.mark.slow  # about two minutes, mostly waiting: three rendezvous and two restarts
 def test_a_lost_node_reforms_the_job_on_the_other_and_a_returning_node_rejoins(tmp_path):
     reference = tmp_path / "straight"
     proc = run_titan([*ARGS, "--job.dump_folder", str(reference)], nproc=4)

@@ -131,3 +131,31 @@ def test_a_quorum_timeout_with_a_silent_rank_in_the_group_fails_it_for_a_restart
     with pytest.raises(RuntimeError, match=r"did not answer a barrier .* for its launcher to restart it"):
         _groups_with(manager, ranks_answer=False)._join_quorum()
     assert manager.calls == 1
+
+
+class _GroupsArrivingOneByOne:
+    """A Manager whose quorums see one more group each time, resumed at step 4 (a checkpoint's)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def start_quorum(self):
+        self.calls += 1
+
+    def num_participants(self):
+        return min(self.calls, 2)
+
+    def current_step(self):
+        return 4
+
+
+def test_a_job_resumed_from_a_checkpoint_waits_for_all_its_groups_at_its_first_quorum():
+    """Not only a fresh job: two groups restarted from step 4 start together, whichever came up first (else
+    the first trains alone from step 5 and the other heals from it, as one CI run under load saw)."""
+    manager = _GroupsArrivingOneByOne()
+    groups = _groups_with(manager, ranks_answer=True)
+    groups._per_step, groups._started, groups._last_live = True, False, 2
+    groups.start_step()
+    assert manager.calls == 2 and groups._started
+    groups.start_step()  # later steps ask once: a group lost mid-run is not waited for
+    assert manager.calls == 3

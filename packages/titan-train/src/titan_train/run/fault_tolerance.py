@@ -101,6 +101,7 @@ class ReplicaGroups:
         self._steps_per_sync = 1 if self._per_step else cfg.sync_steps
         self._semi_sync = None
         self._last_live = cfg.group_size  # the participants of the last quorum, for _log_membership
+        self._started = False  # whether this process has had its first quorum (start_step)
 
     def data_share(self, dp_rank: int, dp: int) -> tuple[int, int]:
         """This rank's place among the data-parallel ranks of all groups: group g's ranks come after those of
@@ -134,15 +135,17 @@ class ReplicaGroups:
         if not self._per_step:
             return
         self._join_quorum()
-        # A fresh job starts with all its groups, whichever started first: else the first one up trains alone and
-        # the others heal from it (correct, but the run would depend on start-up timing).
+        # A job starts with all its groups, whichever started first, fresh or resumed from a checkpoint: else the
+        # first one up trains alone and the others heal from it (correct, but the run would depend on start-up
+        # timing). A group restarted alone finds the others in its first quorum, or waits for them as long.
         deadline = time.monotonic() + self.cfg.timeout_seconds
-        while self.manager.current_step() == 0 and self.manager.num_participants() < self.cfg.group_size:
+        while not self._started and self.manager.num_participants() < self.cfg.group_size:
             if time.monotonic() > deadline:
                 logger.warning(f"fault tolerance: starting with replica groups {self.live()}")
                 break
             time.sleep(0.1)
             self._join_quorum()
+        self._started = True
         self._log_membership()
 
     def _join_quorum(self) -> None:
