@@ -148,10 +148,12 @@ def read_metrics(dump_folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def parity_result(out: str, args: list[str], nproc: int | None) -> dict:
-    """What parity_driver.py saved at `out` after training with `args` (nproc None: one plain process, the
-    reference with `--emulate-dp W` among args; else under torchrun)."""
-    proc = run_script("parity_driver.py", [out, *args], nproc=nproc)
+def parity_result(
+    out: str, args: list[str], nproc: int | None, driver: str = "parity_driver.py", timeout: int = 900
+) -> dict:
+    """What `driver` (parity_driver.py or one built on it) saved at `out` after training with `args` (nproc None:
+    one plain process, the reference with `--emulate-dp W` among args; else under torchrun)."""
+    proc = run_script(driver, [out, *args], nproc=nproc, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     import torch
 

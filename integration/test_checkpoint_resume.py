@@ -1,11 +1,13 @@
-"""Checkpoint resume as users run it (torchrun, CPU/gloo): exact on the same layout, and a run killed
-(-9) in the middle of an asynchronous save restarts from the last complete checkpoint."""
+"""Checkpoint resume as users run it (torchrun, CPU/gloo): exact on the same layout (AdamW's state and Muon's),
+and a run killed (-9) in the middle of an asynchronous save restarts from the last complete checkpoint."""
 
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from launch_helpers import DEBUG_RECIPE, ROOT, _env, read_metrics, run_titan
 
@@ -35,11 +37,17 @@ def losses(folder) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(folder)}  # a repeated step keeps its last value
 
 
-def test_fsdp2_resume_is_bit_identical(tmp_path):
-    straight = run_titan([*TINY, "--job.dump_folder", str(tmp_path / "straight")], nproc=2)
+# Muon's momentum buffers (Newton-Schulz in float32, as the Muon parity cases) resume as AdamW's moments do.
+MUON = ["--optimizer.name", "Muon", "--optimizer.muon_ns_dtype", "float32"]
+
+
+@pytest.mark.parametrize("optimizer", [[], MUON], ids=["adamw", "muon"])
+def test_fsdp2_resume_is_bit_identical(tmp_path, optimizer):
+    straight = run_titan([*TINY, *optimizer, "--job.dump_folder", str(tmp_path / "straight")], nproc=2)
     assert straight.returncode == 0, straight.stderr[-3000:]
     ckpt = [
         *TINY,
+        *optimizer,
         "--job.dump_folder",
         str(tmp_path / "resumed"),
         "--checkpoint.enable",

@@ -46,7 +46,7 @@ from titan_models import get_model_spec
 from titan_parallel import ParallelDims, apply_fsdp
 from titan_parallel.optim import muon as muon_module
 from titan_train.config import load_config, parse_argv
-from titan_train.run.muon_params import DEFAULT_ADAMW_PARAMS, split_params
+from titan_train.run.muon_params import split_params
 from titan_train.run.optim import build_muon, build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,11 +92,17 @@ def build_model(name: str, fsdp_dims: ParallelDims | None) -> tuple[torch.nn.Mod
     return model, args.vocab_size
 
 
+def adamw_params() -> tuple[str, ...]:
+    """What Muon must not take: the rule of Llama 3's plan (every model here is one)."""
+    spec = get_model_spec("llama3")
+    return spec.plan(spec.args_for("debug")).adamw_params
+
+
 def build(optimizer: str, model: torch.nn.Module, ns_dtype: str) -> torch.optim.Optimizer:
     cfg = load_config(parse_argv(["--optimizer.name", optimizer, "--optimizer.muon_ns_dtype", ns_dtype])).optimizer
     if optimizer == "AdamW":
         return build_optimizer(list(model.parameters()), cfg, "cpu")
-    muon, adamw = split_params(model, DEFAULT_ADAMW_PARAMS)
+    muon, adamw = split_params(model, adamw_params())
     return build_muon([p for _, p in muon], [p for _, p in adamw], cfg, "cpu")
 
 
@@ -112,7 +118,7 @@ def time_model(name: str, opts: argparse.Namespace, fsdp_dims: ParallelDims | No
         F.cross_entropy(model(batch[:, :-1]).flatten(0, 1).float(), batch[:, 1:].flatten()).backward()
         backward.append(_slowest(time.perf_counter() - start))
     row = {"model": name, "fwd_bwd": backward[-1], "muon_elements": sum(p.numel() for _, p in split_params(
-        model, DEFAULT_ADAMW_PARAMS)[0])}  # fmt: skip
+        model, adamw_params())[0])}  # fmt: skip
     for optimizer_name in ("AdamW", "Muon"):
         optimizer = build(optimizer_name, model, opts.ns_dtype)
         for _ in range(opts.warmup):

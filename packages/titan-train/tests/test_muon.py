@@ -13,7 +13,7 @@ from titan_train.cli import train as cli
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
 from titan_train.run.distributed import init_distributed
-from titan_train.run.muon_params import DEFAULT_ADAMW_PARAMS, split_params, takes_muon
+from titan_train.run.muon_params import split_params
 from titan_train.run.optim import lr_factor
 from titan_train.run.trainer import Trainer
 
@@ -30,43 +30,50 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
     return Trainer(config, init_distributed(config))
 
 
-@pytest.mark.parametrize(
-    "name, ndim, muon",
-    [
-        ("layers.0.attention.wq.weight", 2, True),
-        ("layers.3.feed_forward.experts.w1", 3, True),
-        ("layers.3.feed_forward.shared_experts.w2.weight", 2, True),
-        ("tok_embeddings.weight", 2, False),
-        ("output.weight", 2, False),
-        ("layers.0.attention_norm.weight", 1, False),
-        ("layers.0.attention.q_norm.weight", 1, False),
-        ("layers.3.feed_forward.router.gate.weight", 2, False),
-        ("layers.0.mixer.short_filter.weight", 2, False),
-        ("layers.0.mixer.filter.hidden.0.weight", 2, False),
-        ("layers.0.mixer.in_proj.bias", 1, False),
-        ("layers.3.feed_forward.experts.w1_bias", 2, False),  # GPT-OSS's per-expert biases: [experts, hidden]
-    ],
-)
-def test_default_rule_gives_hidden_matrices_and_expert_stacks_to_muon(name, ndim, muon):
-    assert takes_muon(name, ndim, DEFAULT_ADAMW_PARAMS) == muon
+def split_line(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("optimizer: Muon for")]
+    return line
 
 
-def test_a_configured_pattern_replaces_the_default_rule():
-    assert takes_muon("output.weight", 2, ["layers.0.*"])
-    assert not takes_muon("layers.0.attention.wq.weight", 2, ["layers.0.*"])
-    assert not takes_muon("layers.1.attention_norm.weight", 1, [])  # 1-D: AdamW whatever the patterns
+def test_the_rule_is_the_models_plan_unless_configured(tmp_path, caplog):
+    """Qwen3-Next: its plan sends the linear attention's depthwise convolution ([channels, 1, kernel], 3-D) and the
+    shared experts' gate to AdamW, which a rule blind to the family would give Muon (as a stack of matrices)."""
+    with caplog.at_level("INFO", logger="titan"):
+        t = trainer(tmp_path, *TINY, *MUON, "--model.name", "qwen3_next", "--training.steps", "1")
+    rule = get_model_spec("qwen3_next").plan(t.model_args).adamw_params
+    assert {"conv1d", "shared_expert_gate", "router"} <= set(rule)
+    assert split_line(caplog).endswith(f"names matching {list(rule)} (the model's plan)")
+    (optimizer,) = t.optimizer.optimizers
+    adamw_group, muon_group = optimizer.param_groups
+    names = {p: n for n, p in t.model.named_parameters()}
+    adamw, muon = ({names[p] for p in group["params"]} for group in (adamw_group, muon_group))
+    assert "layers.0.linear_attn.conv1d.weight" in adamw and "layers.0.feed_forward.shared_expert_gate.weight" in adamw
+    assert "layers.0.feed_forward.experts.w1" in muon and "layers.0.linear_attn.in_proj_qkvz.weight" in muon
+
+
+def test_a_configured_rule_replaces_the_plans(tmp_path, caplog):
+    """`--optimizer.adamw_params "layers.0.*"`: the output head goes to Muon, layer 0's matrices to AdamW, and the
+    startup line names the configured rule as its source."""
+    with caplog.at_level("INFO", logger="titan"):
+        t = trainer(tmp_path, *TINY, *MUON, "--optimizer.adamw_params", "layers.0.*", "--training.steps", "1")
+    assert split_line(caplog).endswith("names matching ['layers.0.*'] (optimizer.adamw_params)")
+    (optimizer,) = t.optimizer.optimizers
+    adamw_group, muon_group = optimizer.param_groups
+    names = {p: n for n, p in t.model.named_parameters()}
+    adamw, muon = ({names[p] for p in group["params"]} for group in (adamw_group, muon_group))
+    assert {"output.weight", "tok_embeddings.weight", "layers.1.attention.wq.weight"} <= muon
+    assert {"layers.0.attention.wq.weight", "layers.1.attention_norm.weight"} <= adamw  # 1-D: AdamW whatever rule
 
 
 def test_the_split_is_logged_once_and_every_parameter_has_one_optimizer(tmp_path, caplog):
     with caplog.at_level("INFO", logger="titan"):
         t = trainer(tmp_path, *TINY, *MUON, "--training.steps", "1")
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("optimizer: Muon for")]
-    assert len(lines) == 1, lines
-    muon, adamw = split_params(t.model, DEFAULT_ADAMW_PARAMS)
+    line = split_line(caplog)
+    muon, adamw = split_params(t.model, t.spec.plan(t.model_args).adamw_params)
     (optimizer,) = t.optimizer.optimizers
     adamw_group, muon_group = optimizer.param_groups
     assert [p for _, p in muon] == muon_group["params"] and [p for _, p in adamw] == adamw_group["params"]
-    assert f"Muon for {len(muon)} tensors" in lines[0]
+    assert f"Muon for {len(muon)} tensors" in line
     assert (adamw_group["lr"], muon_group["lr"]) == pytest.approx((8e-4 / 2, 0.02 / 2))  # warmup: 1 step in 1
 
 
@@ -145,7 +152,7 @@ def test_the_dry_run_names_muons_state_bytes_exactly(tmp_path, capsys):
     config = load_config(parse_argv(["--config", str(ROOT / "configs/debug_model_muon.toml")]))
     with torch.device("meta"):
         model = get_model_spec(config.model.name).model_cls(model_args(config))
-    muon, adamw = split_params(model, DEFAULT_ADAMW_PARAMS)
+    muon, adamw = split_params(model, get_model_spec(config.model.name).plan(model_args(config)).adamw_params)
     muon_bytes = sum(p.numel() for _, p in muon) * 4 // 2
     adamw_bytes = 2 * sum(p.numel() for _, p in adamw) * 4 // 2 + 4 * len(adamw)
     assert (entry["optimizer_muon_gib"] * GIB, entry["optimizer_adamw_gib"] * GIB) == (muon_bytes, adamw_bytes)

@@ -162,6 +162,7 @@ _CONSOLE_FIELDS = (
     ("memory_pp", "mem/pp-rank", lambda v: f"{v:.2f}GiB"),
     ("aux_loss", "aux_loss", lambda v: f"{v:.4f}"),
     ("expert_imbalance", "imbalance", lambda v: f"{v:.2f}"),
+    ("max_logit", "max_logit", lambda v: f"{v:.2f}"),  # largest attention logit of the step (titan-train QK-clip)
     ("validation_loss", "validation_loss", lambda v: f"{v:.4f}"),
     ("validation_perplexity", "validation_perplexity", lambda v: f"{v:.2f}"),
     ("replicas", "replicas", str),  # replica groups that trained the step / all (titan-train fault tolerance)

@@ -1,17 +1,24 @@
 """What a parallelizer needs to know about a model, as plain data, and the tensor-parallel entries every
 model here shares.
 
-titan-parallel takes an nn.Module plus a ModelPlan and knows nothing else about the model.
+titan-parallel takes an nn.Module plus a ModelPlan and knows nothing else about the model; a trainer reads from it
+which parameters a matrix optimizer (Muon) may take (`adamw_params`, `takes_matrix_optimizer`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
+
+
+LANGUAGE_MODEL_ADAMW_PARAMS = ("tok_embeddings", "output", "*norm*", "*bias")
+"""ModelPlan.adamw_params of a language model's common parts: the token embedding, the output head, every norm
+("attention_norm", "q_norm", "enorm", ...) and every bias ("wq.bias", GPT-OSS's "experts.w1_bias", ...)."""
 
 
 @dataclass
@@ -56,10 +63,30 @@ class ModelPlan:
     packed document) and per-token `positions` ([bs, seqlen]: restarting at each document), so a trainer may
     mask packed documents from each other."""
 
+    adamw_params: tuple[str, ...] = LANGUAGE_MODEL_ADAMW_PARAMS
+    """Name patterns of the parameters a matrix optimizer (Muon) must not take, left to an element-wise one (AdamW):
+    fnmatch globs, each matched against the whole name and against every dotted part of it ("output", "*norm*",
+    "layers.0.*"). Name what is no hidden matrix though it has two or three dimensions: the embeddings, the output
+    head, norms, biases (GPT-OSS's per-expert ones are [experts, hidden]), routers and gates (classifiers, as the
+    head is), convolutions ([channels, 1, kernel] is no stack of matrices) and filters. Tensors of one dimension,
+    or more than three, need no pattern (`takes_matrix_optimizer`). Each family declares its own: the decoder's
+    from its args (decoder_adamw_params), Hyena's with its filters; the default is the part every language model
+    here shares (LANGUAGE_MODEL_ADAMW_PARAMS). A trainer's configured patterns may replace them (titan-train:
+    `optimizer.adamw_params`)."""
+
     @property
     def context_parallel(self) -> bool:
         """Whether the model computes correctly with the sequence split over ranks."""
         return bool(self.attention_fqns)
+
+
+def takes_matrix_optimizer(name: str, ndim: int, adamw_params: tuple[str, ...] | list[str]) -> bool:
+    """Whether a matrix optimizer (Muon) takes the parameter `name` of `ndim` dimensions: a matrix (2-D) or a stack
+    of them (3-D, one matrix per expert) that no pattern of `adamw_params` names (ModelPlan.adamw_params)."""
+    if ndim not in (2, 3):
+        return False
+    parts = name.split(".")
+    return not any(fnmatch.fnmatchcase(name, p) or any(fnmatch.fnmatchcase(x, p) for x in parts) for p in adamw_params)
 
 
 def embedding_and_head_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:

@@ -11,6 +11,14 @@ from torch import nn
 
 from titan_models.decoder.attention_kernels import choose_kernel
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
+from titan_models.decoder.max_logit import (
+    QKClipUpdate,
+    head_max_logits,
+    linear_updates,
+    norm_updates,
+    per_head_rows,
+    running_max,
+)
 from titan_models.decoder.rope import apply_rotary_emb
 from titan_models.moe.local_tensor import local_tensor
 from titan_models.seeded_init import SeededInit
@@ -38,6 +46,7 @@ class Attention(nn.Module):
 
     def __init__(self, args: DecoderArgs, layer_id: int = 0):
         super().__init__()
+        self.n_heads, self.n_kv_heads = args.n_heads, args.num_kv_heads
         self.head_dim = args.head_dim
         self.rope_dim = args.rope_head_dim
         self.output_gate = args.attention_output_gate
@@ -57,6 +66,10 @@ class Attention(nn.Module):
         self.inner_attention = ScaledDotProductAttention(
             is_causal=True, sliding_window=self.sliding_window, kernel=args.attention_kernel
         )
+        self.record_max_logit = False
+        """Record each head's largest logit of the step in `max_logit` (QK-clip, max_logit.py); off: no cost."""
+        self.max_logit: torch.Tensor | None = None
+        """[this rank's heads] the running max since the caller last set it to None; recorded when asked."""
 
     def forward(
         self,
@@ -78,6 +91,11 @@ class Attention(nn.Module):
         xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
         q, k, v = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        if self.record_max_logit:
+            scale = getattr(self.inner_attention, "scale", None) or self.head_dim**-0.5
+            window, at = self.sliding_window, positions if self.sliding_window is not None else None
+            logits = head_max_logits(q, k, scale, document_ids=document_ids, positions=at, window=window)
+            self.max_logit = running_max(self.max_logit, logits)
         # document_ids only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
         # Sinks and the window's positions go by keyword only where they exist: a swapped-in kernel that knows
         # neither (context parallelism's ring) then fails loudly on them rather than computing without them.
@@ -100,6 +118,27 @@ class Attention(nn.Module):
             device_type=device_type,
             needs_grad=needs_grad,
         )
+
+    def qk_clip_updates(self, gamma: torch.Tensor) -> list[QKClipUpdate]:
+        """The rows that scale head h's logits by gamma[h] ([n_heads], all heads of the layer, <= 1).
+
+        Plain multi-head: wq's and wk's rows of head h times sqrt(gamma[h]) (Kimi K2's alpha = 1/2). Grouped-query:
+        a key head serves several query heads, so wq's rows of head h times gamma[h] and the keys kept: exact for
+        every head, no head scaled through another's key. With q/k norms (Qwen3) the projections' scale is
+        normalised away and the gains, one per channel, are shared by every head: both gains times sqrt of the
+        layer's smallest gamma, which brings its largest head to the threshold and every other head down as much.
+        The output gate's rows (Qwen3-Next) are kept."""
+        if self.q_norm is not None:
+            factor = gamma.min().sqrt()
+            return norm_updates("q_norm", self.q_norm, factor) + norm_updates("k_norm", self.k_norm, factor)
+        d = self.head_dim
+        shared_keys = self.n_kv_heads != self.n_heads
+        query = gamma if shared_keys else gamma.sqrt()
+        blocks = [(query, d)] + ([(torch.ones_like(gamma), d)] if self.output_gate else [])
+        updates = linear_updates("wq", self.wq, per_head_rows(blocks))
+        if not shared_keys:
+            updates += linear_updates("wk", self.wk, per_head_rows([(gamma.sqrt(), d)]))
+        return updates
 
     def project(
         self, x: torch.Tensor, freqs_cis: torch.Tensor

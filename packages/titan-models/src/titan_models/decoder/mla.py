@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
+from titan_models.decoder.max_logit import QKClipUpdate, head_max_logits, linear_updates, per_head_rows, running_max
 from titan_models.decoder.rope import apply_rotary_emb, softmax_scale_factor
 from titan_models.seeded_init import SeededInit
 
@@ -54,6 +55,10 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope_key = nn.Identity()
         scale = mla.qk_head_dim**-0.5 * softmax_scale_factor(args.rope_scaling)
         self.inner_attention = ScaledDotProductAttention(is_causal=True, scale=scale)
+        self.n_heads = args.n_heads
+        self.record_max_logit = False
+        """As Attention's: record each head's largest logit of the step in `max_logit` (QK-clip)."""
+        self.max_logit: torch.Tensor | None = None
 
     def forward(
         self, x: torch.Tensor, freqs_cis: torch.Tensor, document_ids: torch.Tensor | None = None
@@ -62,8 +67,21 @@ class MultiHeadLatentAttention(nn.Module):
         bs, seqlen, _ = x.shape
         q, k, v = self.project(x, freqs_cis)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.record_max_logit:
+            logits = head_max_logits(q, k, self.inner_attention.scale, document_ids=document_ids)
+            self.max_logit = running_max(self.max_logit, logits)
         out = self.inner_attention(q, k, v) if document_ids is None else self.inner_attention(q, k, v, document_ids)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+    def qk_clip_updates(self, gamma: torch.Tensor) -> list[QKClipUpdate]:
+        """The rows that scale head h's logits by gamma[h] (Kimi K2's QK-clip for MLA): the head's own query and key
+        parts, q_nope and k_nope, times sqrt(gamma[h]); its rotary query part times gamma[h]; the rotary key, one
+        head every query head shares, kept. Exact for every head. Values' rows of wkv_b are kept."""
+        root, ones = gamma.sqrt(), torch.ones_like(gamma)
+        query = per_head_rows([(root, self.nope), (gamma, self.rope)])
+        keys = per_head_rows([(root, self.nope), (ones, self.v_head_dim)])
+        q_name = "wq" if self.wq is not None else "wq_b"
+        return linear_updates(q_name, getattr(self, q_name), query) + linear_updates("wkv_b", self.wkv_b, keys)
 
     def project(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries and keys [bs, seqlen, heads, nope + rope] (rotary parts rotated), values [..., v_head_dim]."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from titan_models.decoder.args import DecoderArgs
 from titan_models.decoder.mla_args import MLAArgs
 from titan_models.linear_attention.args import GatedDeltaNetArgs
-from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
+from titan_models.plan import LANGUAGE_MODEL_ADAMW_PARAMS, ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
 from titan_models.tp_styles import ChannelShard, ExpertsHiddenShard, HeadsShareInput, ParameterShard
 
 if TYPE_CHECKING:
@@ -220,7 +220,29 @@ def decoder_plan(args: DecoderArgs) -> ModelPlan:
         expert_fqns=_expert_fqns(args),
         document_masking=True,
         tp_divisible=divisible,
+        adamw_params=decoder_adamw_params(args),
     )
+
+
+def decoder_adamw_params(args: DecoderArgs) -> tuple[str, ...]:
+    """The parameters a matrix optimizer must not take (ModelPlan.adamw_params): a language model's embedding, head,
+    norms and biases, with those of the variations `args` declare:
+    - the router of a mixture of experts ("router": its gate [experts, dim] scores experts, a classifier as the head
+      is) and the shared experts' gate ("shared_expert_gate" [1, dim], a scalar per token);
+    - attention sinks ("sinks", one logit per head; 1-D, named so the rule does not hang on their shape);
+    - the linear-attention layers' depthwise convolution ("conv1d" [channels, 1, kernel]: 3-D, yet no stack of
+      matrices; A_log and dt_bias are 1-D).
+    The multi-token prediction modules need nothing more: their norms match "*norm*", eh_proj is a hidden matrix."""
+    extra = []
+    if args.moe is not None:
+        extra.append("router")
+        if args.moe.shared_expert_gate:
+            extra.append("shared_expert_gate")
+    if args.attention_sinks:
+        extra.append("sinks")
+    if args.layer_types is not None and "linear_attention" in args.layer_types:
+        extra.append("conv1d")
+    return (*LANGUAGE_MODEL_ADAMW_PARAMS, *extra)
 
 
 def _expert_fqns(args: DecoderArgs) -> list[str]:

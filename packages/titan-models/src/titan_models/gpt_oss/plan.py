@@ -9,7 +9,9 @@ this family's own tensors are covered where the args declare them:
   weight, the experts' w1_bias / w3_bias [experts, hidden] split on hidden like w1 / w3, w2_bias [experts, dim]
   replicated and added on one rank only, so once after the reduction; under expert parallelism every expert
   tensor, biases included, is split along experts (titan_parallel.ep) and each rank adds its own experts' biases
-  to the rows it receives."""
+  to the rows it receives.
+A matrix optimizer (Muon) takes none of the biases (the experts' ones are [experts, hidden], 2-D), the sinks or the
+router: the decoder's rule (decoder_adamw_params)."""
 
 from titan_models.decoder.plan import decoder_plan as gpt_oss_plan
 from titan_models.decoder.plan import decoder_tp_plan as gpt_oss_tp_plan

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from titan_models.hyena.args import HyenaArgs
-from titan_models.plan import ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
+from titan_models.plan import LANGUAGE_MODEL_ADAMW_PARAMS, ModelPlan, embedding_and_head_tp_plan, feed_forward_tp_plan
 from titan_models.tp_styles import ChannelShard
 
 if TYPE_CHECKING:
@@ -46,6 +46,11 @@ def hyena_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle | Chann
     }
 
 
+HYENA_ADAMW_PARAMS = (*LANGUAGE_MODEL_ADAMW_PARAMS, "filter", "short_filter")
+"""ModelPlan.adamw_params of Hyena: a language model's, and the filters: the short convolution ([channels, kernel])
+and the implicit filter (a convolution over time, and the small network that makes it: no hidden matrices)."""
+
+
 def hyena_plan(args: HyenaArgs) -> ModelPlan:
     return ModelPlan(
         block_fqns=[f"layers.{i}" for i in range(args.n_layers)],
@@ -55,4 +60,5 @@ def hyena_plan(args: HyenaArgs) -> ModelPlan:
         # Channels must split evenly (the operator views its local channels as [-1, N + 1] and [-1, N - 1]),
         # and so must the SwiGLU hidden units.
         tp_divisible={"dim": args.dim, "ffn_hidden_dim": args.hidden_dim},
+        adamw_params=HYENA_ADAMW_PARAMS,
     )

@@ -9,7 +9,9 @@ block as for any decoder.
 - context parallelism: the full-attention layers' kernels become ring attention as any decoder's; the
   linear-attention layers name their two token-mixing steps (linear_attn.short_conv, linear_attn.delta_rule), which
   titan_parallel's apply_cp swaps by their `cp_style` for versions that hand the convolution's halo and the delta
-  rule's state across ranks (titan_parallel/cp/linear_attention_cp.py)."""
+  rule's state across ranks (titan_parallel/cp/linear_attention_cp.py).
+- a matrix optimizer (Muon) takes none of the depthwise convolution's weight (conv1d, [channels, 1, kernel]: 3-D, yet
+  no stack of matrices), the shared experts' gate or the router: the decoder's rule (decoder_adamw_params)."""
 
 from __future__ import annotations
 

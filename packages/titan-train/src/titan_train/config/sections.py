@@ -185,9 +185,15 @@ class Optimizer:
     rounding; float32: exact to float32, so layouts match a single process to float32 tolerance."""
     adamw_params: list[str] = field(default_factory=list)
     """Muon: name patterns of the parameters AdamW updates (fnmatch globs, each matched against every dotted
-    part of a parameter's name and against the whole name). Empty: the default rule (embeddings, output
-    head, norms, biases, routers, Hyena's filters). Tensors of one dimension, or more than three, always go
+    part of a parameter's name and against the whole name). Empty: the model plan's rule (ModelPlan.adamw_params,
+    per family: embeddings, output head, norms, biases, routers and gates, convolutions, Hyena's filters;
+    docs/optimizers.md). Tensors of one dimension, or more than three, always go
     to AdamW. The split is logged at startup."""
+    muon_clip_threshold: float = 0.0
+    """Muon: MuonClip's QK-clip (Kimi K2) threshold tau on attention logits; 0 turns it off. After each step, a
+    head whose largest logit of the step (q . k x softmax scale, over the pairs it attended) passed tau has its
+    query and key projections rescaled so that its logits scale by tau / that logit. Reported per layer as
+    max_logit/layer_<i> and over all as max_logit. Kimi K2 used 100."""
 
 
 @dataclass

@@ -100,6 +100,7 @@ def validate(config: JobConfig) -> None:
     _validate_validation(config)
     _validate_fault_tolerance(config)
     _validate_lora(config)
+    _validate_muon_clip(config)
 
 
 def _validate_switched_off_values(config: JobConfig) -> None:
@@ -297,3 +298,52 @@ def _validate_lora(config: JobConfig) -> None:
     )
     # The folder against the model's layers is titan_train.lora's check (refuse_mismatched_adapter), made where a
     # run starts: config may not import the lora room.
+
+
+def _validate_muon_clip(config: JobConfig) -> None:
+    """QK-clip (run/qk_clip.py) rescales the query and key projections of a Muon run's softmax attention."""
+    from titan_models import get_model_spec
+
+    o, p = config.optimizer, config.parallelism
+    key = f"optimizer.muon_clip_threshold={o.muon_clip_threshold}"
+    _require(
+        o.muon_clip_threshold >= 0,
+        f"{key} must be >= 0: a logit threshold such as 100 (Kimi K2's), or 0 to turn QK-clip off",
+    )
+    if o.muon_clip_threshold == 0:
+        return
+    _require(
+        o.name == "Muon",
+        f"{key} is MuonClip's, an option of Muon, but optimizer.name={o.name!r}: set optimizer.name='Muon' or "
+        "optimizer.muon_clip_threshold=0",
+    )
+    _require(
+        p.context_parallel_degree == 1,
+        f"{key} with parallelism.context_parallel_degree={p.context_parallel_degree}: the largest logit is recorded "
+        "from a rank's own queries and keys, and ring attention holds the other keys on other ranks; use "
+        "context_parallel_degree=1 or optimizer.muon_clip_threshold=0",
+    )
+    _require(
+        p.pipeline_parallel_degree == 1,
+        f"{key} with parallelism.pipeline_parallel_degree={p.pipeline_parallel_degree}: torch's pipeline schedule "
+        "first runs each stage on uninitialized buffers to learn its shapes (before the first step and after each "
+        "validation), and their logits would be recorded with the step's; use pipeline_parallel_degree=1 or "
+        "optimizer.muon_clip_threshold=0",
+    )
+    _require(
+        not config.fault_tolerance.enable,
+        f"{key} with fault_tolerance.enable=true: each replica group would decide the clip on its own tokens' logits "
+        "and the groups' weights would drift apart; set optimizer.muon_clip_threshold=0 or "
+        "fault_tolerance.enable=false",
+    )
+    _require(
+        not config.lora.enable,
+        f"{key} with lora.enable=true: the query and key projections QK-clip rescales are LoRA's frozen base; "
+        "set optimizer.muon_clip_threshold=0",
+    )
+    args = get_model_spec(config.model.name).args_for(config.model.flavor)
+    _require(
+        hasattr(args, "n_heads"),
+        f"{key}: model {config.model.name!r} has no softmax attention, so no logit to clip; set "
+        "optimizer.muon_clip_threshold=0",
+    )

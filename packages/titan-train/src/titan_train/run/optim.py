@@ -9,7 +9,7 @@ import torch
 
 from titan_parallel import Muon
 from titan_train.config.sections import LRScheduler, Optimizer
-from titan_train.run.muon_params import DEFAULT_ADAMW_PARAMS, describe_split, split_params
+from titan_train.run.muon_params import adamw_rule, describe_split, split_params
 
 logger = logging.getLogger("titan")
 
@@ -101,16 +101,18 @@ class Optimizers:
     """One optimizer per model part (this rank's pipeline stages; one part without pipelining), stepped
     together. One each, because a checkpoint keys optimizer state by each part's parameter names."""
 
-    def __init__(self, parts: list[torch.nn.Module], cfg: Optimizer, device_type: str):
+    def __init__(self, parts: list[torch.nn.Module], cfg: Optimizer, device_type: str, plan_adamw_params: tuple):
+        """`plan_adamw_params`: the model plan's rule of what Muon must not take (ModelPlan.adamw_params), used
+        where `cfg.adamw_params` is empty."""
         # Frozen parameters (a LoRA base) get no optimizer state: only the trainable ones are handed over.
         if cfg.name == "AdamW":
             self.optimizers = [build_optimizer(trainable(part), cfg, device_type) for part in parts]
             count = sum(len(trainable(part)) for part in parts)
             logger.info(f"optimizer: AdamW for all {count} trainable tensors")
             return
-        rule = cfg.adamw_params or DEFAULT_ADAMW_PARAMS
+        rule, source = adamw_rule(cfg.adamw_params, plan_adamw_params)
         splits = [split_params(part, rule) for part in parts]
-        logger.info(describe_split(splits, rule))
+        logger.info(describe_split(splits, rule, source))
         self.optimizers = [
             build_muon([p for _, p in muon], [p for _, p in adamw], cfg, device_type) for muon, adamw in splits
         ]

@@ -72,14 +72,15 @@ class StepReporter:
 
     def step(
         self, step: int, loss: float, grad_norm: float, lr: float, validation: dict | None = None, routing=None,
-        replicas: str | None = None, mtp: dict[str, float] | None = None,
+        replicas: str | None = None, mtp: dict[str, float] | None = None, max_logits: dict | None = None,
     ) -> None:  # fmt: skip
         """`validation`: the step's validation figures (validation_loss, validation_perplexity), if it ran one;
         such a step is always logged. `routing`: a mixture of experts' RoutingReport for the step (aux_loss,
         expert_imbalance: the busiest expert's tokens over the mean, worst layer), None for dense models.
         `replicas`: with replica groups, the groups the step was trained by over all ("1/2"); the loss is then
         the mean over their sequences. `mtp`: with multi-token prediction, each depth's loss (mtp_loss_1, ..) and
-        lambda (mtp_loss_weight); `loss` is then the main loss alone."""
+        lambda (mtp_loss_weight); `loss` is then the main loss alone. `max_logits`: with QK-clip (qk_clip.py), the
+        step's largest attention logit, over all layers (max_logit) and per layer (max_logit/layer_<i>)."""
         self.throughput.add_tokens(self.tokens_per_step)
         memory = memory_stats(self.device)["peak_gib"]
         # Every step, on every rank: stages differ in memory (the first holds the most activations).
@@ -103,6 +104,7 @@ class StepReporter:
             **(validation or {}),
         }
         record.update(mtp or {})
+        record.update(max_logits or {})
         if routing is not None:
             if routing.aux_loss is not None:
                 record["aux_loss"] = routing.aux_loss

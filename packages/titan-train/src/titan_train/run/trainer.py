@@ -39,6 +39,7 @@ from titan_train.run.fault_tolerance import OneGroupSaves, build_replica_groups
 from titan_train.run.loss_weights import loss_weights_for
 from titan_train.run.mtp_loss import MTPLoss, PlainLoss, cross_entropy  # noqa: F401 (cross_entropy: here before 0.29)
 from titan_train.run.optim import LRSchedulers, Optimizers
+from titan_train.run.qk_clip import build_qk_clip
 from titan_train.run.reporting import StepReporter
 from titan_train.run.resume import log_resume
 from titan_train.run.run_record import RunRecord, record_run
@@ -96,8 +97,14 @@ class Trainer:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("applied layout:\n" + format_applied(self.parallel_model.applied_layout()))
         self.dataloader = batches if batches is not None else self._build_dataloader()
-        self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type)
+        plan_rule = self.spec.plan(self.model_args).adamw_params  # what Muon must not take, unless configured
+        self.optimizer = Optimizers(self.model_parts, config.optimizer, env.device.type, plan_rule)
         self.lr_scheduler = LRSchedulers(self.optimizer, config.lr_scheduler, t.steps)
+        self.qk_clip = build_qk_clip(
+            self.model_parts, config.optimizer.muon_clip_threshold, self.model_args, env.device,
+            self.dims.local_rank("tp"),
+        )  # fmt: skip
+        self.qk_clip_metrics: dict[str, torch.Tensor] = {}  # the last step's max_logit and max_logit/layer_<i>
         # Each micro-batch's share of the step's loss, 1 / accumulation or by labelled tokens (loss_weights.py).
         self.loss_weights = loss_weights_for(t.dataset, self.dims)
         self.step_count = 0
@@ -163,6 +170,7 @@ class Trainer:
         while True:
             self.optimizer.zero_grad(set_to_none=True)
             self.mtp_loss.start_try(self.step_count + 1)
+            self.qk_clip.start_step()
             scales = self.loss_weights([labels for _, labels in batches])
             loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
@@ -178,6 +186,7 @@ class Trainer:
         if check_finite(self.step_count, loss, grad_norm, self.config.debug.nan_policy):
             self.checkpoint.wait_for_staging()  # an async save may still be copying these weights
             self.optimizer.step()
+            self.qk_clip_metrics = self.qk_clip.after_optimizer_step()
             self.routing = model.after_optimizer_step()
         self.lr_scheduler.step()
         return loss, grad_norm, lr
@@ -215,7 +224,7 @@ class Trainer:
                         validation = validator.run() if validator.due(self.step_count) else {}
                     reporter.step(
                         self.step_count, loss, grad_norm, lr, validation, self.routing, self.replicas.live(),
-                        self.mtp_metrics,
+                        self.mtp_metrics, self.qk_clip_metrics,
                     )  # fmt: skip
                     self.checkpoint.save(self.step_count, last=self.step_count == cfg.training.steps)
                     profiler.step()
