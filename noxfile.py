@@ -34,8 +34,9 @@ SIBLINGS = {
 # Packages whose tests run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-train's are one
 # process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine idle.
 # loadfile keeps a file's tests, and its module-scoped fixtures, in one worker. Not integration: its cases run
-# 2 to 8 ranks each: two workers saved nothing (37.5 min, some of it beside other work, against 32 for one)
-# and slowed a replica group's start past the other's first quorum.
+# 2 to 8 ranks each. One trial with two workers took 37.5 min against 32 for one, but not comparably (beside
+# other work, in a venv without byte-compiled modules) and slowed a replica group's start past the other's
+# first quorum (a race since fixed): worth measuring again cleanly.
 PARALLEL_TESTS = {"titan-train"}
 WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
@@ -43,10 +44,6 @@ WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 TEST_ONLY_SIBLINGS = {
     "titan-float8": ["titan-parallel"],
 }
-
-# pip byte-compiles every module it installs (torch's thousands: half of its install time here); Python
-# compiles the few a run imports on first import instead. Each session's fresh venvs pay that once per install.
-os.environ.setdefault("PIP_COMPILE", "false")
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
