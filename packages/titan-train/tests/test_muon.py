@@ -30,6 +30,14 @@ def trainer(tmp_path, *overrides: str) -> Trainer:
     return Trainer(config, init_distributed(config))
 
 
+def group_names(t) -> tuple[set[str], set[str]]:
+    """The parameter names of the one optimizer's AdamW group and Muon group."""
+    (optimizer,) = t.optimizer.optimizers
+    names = {p: n for n, p in t.model.named_parameters()}
+    adamw_group, muon_group = optimizer.param_groups
+    return tuple({names[p] for p in group["params"]} for group in (adamw_group, muon_group))
+
+
 def split_line(caplog) -> str:
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("optimizer: Muon for")]
     return line
@@ -43,10 +51,7 @@ def test_the_rule_is_the_models_plan_unless_configured(tmp_path, caplog):
     rule = get_model_spec("qwen3_next").plan(t.model_args).adamw_params
     assert {"conv1d", "shared_expert_gate", "router"} <= set(rule)
     assert split_line(caplog).endswith(f"names matching {list(rule)} (the model's plan)")
-    (optimizer,) = t.optimizer.optimizers
-    adamw_group, muon_group = optimizer.param_groups
-    names = {p: n for n, p in t.model.named_parameters()}
-    adamw, muon = ({names[p] for p in group["params"]} for group in (adamw_group, muon_group))
+    adamw, muon = group_names(t)
     assert "layers.0.linear_attn.conv1d.weight" in adamw and "layers.0.feed_forward.shared_expert_gate.weight" in adamw
     assert "layers.0.feed_forward.experts.w1" in muon and "layers.0.linear_attn.in_proj_qkvz.weight" in muon
 
@@ -57,10 +62,7 @@ def test_a_configured_rule_replaces_the_plans(tmp_path, caplog):
     with caplog.at_level("INFO", logger="titan"):
         t = trainer(tmp_path, *TINY, *MUON, "--optimizer.adamw_params", "layers.0.*", "--training.steps", "1")
     assert split_line(caplog).endswith("names matching ['layers.0.*'] (optimizer.adamw_params)")
-    (optimizer,) = t.optimizer.optimizers
-    adamw_group, muon_group = optimizer.param_groups
-    names = {p: n for n, p in t.model.named_parameters()}
-    adamw, muon = ({names[p] for p in group["params"]} for group in (adamw_group, muon_group))
+    adamw, muon = group_names(t)
     assert {"output.weight", "tok_embeddings.weight", "layers.1.attention.wq.weight"} <= muon
     assert {"layers.0.attention.wq.weight", "layers.1.attention_norm.weight"} <= adamw  # 1-D: AdamW whatever rule
 
