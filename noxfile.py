@@ -123,6 +123,10 @@ def integration(session: nox.Session) -> None:
     torchrun itself where the launch is what a test checks); transformers checks the HF export."""
     _install(session, *PACKAGES)
     session.install("-c", CONSTRAINTS, "transformers", "peft")  # peft: the LoRA export's reference
+    # The GPU check's side_by_side rehearsal: TorchTitan without its trainer's dependencies (HF datasets, wandb...),
+    # with the few its model and parallelize path imports.
+    session.install("-c", CONSTRAINTS, "--no-deps", "torchtitan", "spmd_types", "tyro", "docstring_parser",
+                    "typeguard")  # fmt: skip
     # The slowest cases in every log: what to look at when the suite's time has to come down.
     # Its slow cases too; the stress ones (ten kills in a row, the GPU check's full rehearsal: what shorter cases
     # check, repeated) only in `nox -s slow`.

@@ -6,6 +6,7 @@
     python tools/bench_hyena_generation.py --paper-scale --device cuda   # d_model 2048 x 24 layers, L 4k..64k, B 1, 8
     python tools/bench_hyena_generation.py --paper-scale           # CPU: d_model 512 x 4 layers, L 1k..4k (minutes)
     python tools/bench_hyena_generation.py --step-kinds sliced,static --strategies flash   # today's vs graph-ready step
+    python tools/bench_hyena_generation.py --split-latency --lengths 1024,4096 --batch-sizes 1   # split tiles or not
 
 For each length L and batch size B, every strategy generates greedily from the same random prompts up to L
 positions with the same randomly initialized model (flavor debug_long: filters that stay long at 64k), in
@@ -52,6 +53,9 @@ from titan_models.generate import STRATEGIES, FlashConv, HyenaDecoder
 from titan_models.generate.flash_memory import flash_memory
 from titan_models.generate.hyena_step import STEP_KINDS
 from titan_models.hyena import HyenaArgs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hyena_split_latency import print_split_latency, split_latency  # noqa: E402 (beside this script)
 
 MiB = 2**20
 # The paper's claim lives at a real width: d_model 2048 with the depth of a ~1B model (the Hyena paper's 1.3B
@@ -304,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the setting of the paper's claim: d_model 2048 x 24 layers, L 4k..64k, B 1 and 8 (on CPU: 512 x 4 "
         "layers, L 1k..4k, B 8 to 2k: a few minutes)",
     )
+    parser.add_argument(
+        "--split-latency",
+        action="store_true",
+        help="also time every flash step with the largest tiles split and not (hyena_split_latency.py): per-token "
+        "median, p99 and max",
+    )
+    parser.add_argument("--split-min", type=int, default=None, help="with --split-latency (default: the decoder's)")
     opts = parser.parse_args(argv)
     device = torch.device(opts.device)
     if opts.quick:
@@ -363,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
             passed = outcome["same_tokens"] and within
             ok &= passed
             rows.append((length, batch, outcome, passed))
+            if opts.split_latency:
+                kind = kinds[0] if kinds else None
+                split = split_latency(model, prompt, length, opts.direct_max, opts.split_min, clock, kind)
+                print_split_latency(length, batch, split)
+                ok &= split["same_tokens"]
     print_tables(rows, strategies, opts.prompt_len, opts.atol)
     bandwidth_report(args, lengths, batch_sizes, ops_per_layer(model, device),
                      {"eager": opts.launch_us, "graph": opts.graph_launch_us})  # fmt: skip

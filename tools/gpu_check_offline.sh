@@ -11,14 +11,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl
 # What the GPU image lacks of Titan's dependencies (it has numpy, safetensors, tokenizers, tensorboard).
-EXTRA=(torchdata==0.11.0 torchao==0.18.0)
+# TorchTitan for the side_by_side check, with only what its model and parallelize path imports (spmd_types,
+# tyro and tyro's own): not its trainer's (HF datasets, wandb...): about 1.7 MB in all.
+EXTRA=(torchdata==0.11.0 torchao==0.18.0 torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0
+  typeguard==4.6.1)
+FALLBACK=(torchtitan==0.2.2)
 
 case "${1:-}" in
 wheels)
   rm -rf "$WHEELS" && mkdir -p "$WHEELS"
   python -m pip wheel -q --no-deps -w "$WHEELS" packages/titan-*
   python -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "${EXTRA[@]}"
-  ls "$WHEELS"
+  # An older TorchTitan, not installed: side_by_side unpacks it if the newest fails on the machine's torch.
+  python -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS/fallback" "${FALLBACK[@]}"
+  ls -R "$WHEELS"
   echo "built from $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   ;;
 run)

@@ -10,7 +10,7 @@ Modules: checks (the list in priority order, each check's claims and estimate, a
 bound judged on the recorded figures), runner (budget, subprocesses), child (one check's process), context
 (what a check function records), results (json and markdown), history (what has run on a GPU, and the
 claims judged on it), device (what ran it), and one module per kind of check: training, memory, allocator,
-hyena, moe, simple_fsdp, step_time.
+hyena, moe, simple_fsdp, step_time, table1 (the depth it trains at: fit_depth).
 """
 
 from pathlib import Path

@@ -37,7 +37,19 @@ def test_state_dict_file(tmp_path, capsys, strategy):
     argv = [*MODEL, "--checkpoint", str(tmp_path / "weights.pt"), "--prompt", "In the beginning",
             "--max-new-tokens", "12", "--strategy", strategy]  # fmt: skip
     assert main(argv) == 0
-    assert capsys.readouterr().out.strip() == expected_text(model, "In the beginning", max_new_tokens=12)
+    captured = capsys.readouterr()
+    assert captured.out.strip() == expected_text(model, "In the beginning", max_new_tokens=12)
+    assert ("no tile split" in captured.err) == (strategy == "flash")  # 16 positions: no tile worth splitting
+
+
+def test_flash_line_names_the_tile_split():
+    """The decoder's default split (titan_models.generate.tile_split): tiny's largest tile of 512 outweighs a token,
+    and at 8 rows its halves are large enough."""
+    from titan_train.cli.generate import flash_memory_line
+
+    line = flash_memory_line(trained_elsewhere(), [[1, 2, 3]] * 8, 600)
+    assert line.endswith("; tiles >= 512 split over the steps around them")
+    assert flash_memory_line(trained_elsewhere(), [[1, 2, 3]], 600).endswith("; no tile split")  # 1 row: too small
 
 
 def test_dcp_checkpoint_folder_with_sampling(tmp_path, capsys):

@@ -1,9 +1,13 @@
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from titan_models import get_model_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test modules' helpers import each other (importlib mode)
 
 
 def build_model(name: str = "hyena", flavor: str = "tiny", seed: int = 0, **overrides) -> torch.nn.Module:

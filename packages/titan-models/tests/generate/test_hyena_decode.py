@@ -10,24 +10,30 @@ import torch.nn.functional as F
 from titan_models.generate import STRATEGIES, HyenaDecoder, generate
 
 
-def step_by_step_logits(model, tokens: torch.Tensor, prompt: int, strategy: str) -> torch.Tensor:
-    decoder = HyenaDecoder(model, tokens.shape[1], strategy=strategy, batch_size=tokens.shape[0], direct_max=4)
+def step_by_step_logits(model, tokens: torch.Tensor, prompt: int, strategy: str, split_min: int = 0) -> torch.Tensor:
+    rows = tokens.shape[0]
+    decoder = HyenaDecoder(model, tokens.shape[1], strategy, rows, direct_max=4, split_min=split_min)
     logits = [decoder.prefill(tokens[:, :prompt])]
     logits += [decoder.step(tokens[:, t])[:, None] for t in range(prompt, tokens.shape[1])]
     return torch.cat(logits, dim=1)
 
 
+# flash split 8: tiles 8 .. 64 split over the steps around them (tile_split.py; 4 and 8: direct halves at direct_max 4)
+STRATEGY_SPLITS = [(strategy, 0) for strategy in STRATEGIES] + [("flash", 8)]
+
+
 @pytest.mark.parametrize("order", [2, 3])  # 2: one long convolution per block; 3: two, chained
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy, split_min", STRATEGY_SPLITS, ids=[f"{s}-split{m}" for s, m in STRATEGY_SPLITS])
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)], ids=["fp32", "fp64"])
-def test_forward_equals_step_by_step(build, strategy, dtype, atol, order):
+def test_forward_equals_step_by_step(build, strategy, split_min, dtype, atol, order):
     """Logits are O(5); float32 rounding of the FFTs and the tiles stays below 1e-5 (2e-6 seen) over 70 positions."""
     model = build("hyena", "tiny", order=order).to(dtype)
     tokens = torch.randint(0, 2048, (2, 70), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = model(tokens)
     for prompt in (1, 2, 9):
-        torch.testing.assert_close(step_by_step_logits(model, tokens, prompt, strategy), expected, atol=atol, rtol=0)
+        got = step_by_step_logits(model, tokens, prompt, strategy, split_min)
+        torch.testing.assert_close(got, expected, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("short_filter_len", [1, 2, 5])
@@ -44,14 +50,16 @@ def test_any_short_filter_length_steps_like_the_forward(build, short_filter_len)
 
 
 @pytest.mark.parametrize(
-    "flavor, length",
+    "flavor, length, split_min",
     [
-        ("debug", 1024),
-        pytest.param("debug", 4096, marks=pytest.mark.slow),  # ~11 s
-        pytest.param("debug_long", 4096, marks=pytest.mark.slow),  # filters that have not decayed at 4k
+        ("debug", 1024, 0),
+        ("debug", 1024, 256),  # tiles of 256 and 512 split (tile_split.py)
+        pytest.param("debug", 4096, 0, marks=pytest.mark.slow),  # ~11 s
+        pytest.param("debug_long", 4096, 0, marks=pytest.mark.slow),  # filters that have not decayed at 4k
+        pytest.param("debug_long", 4096, 2048, marks=pytest.mark.slow),  # the default split at 4k
     ],
 )
-def test_flash_generation_equals_the_full_forward_at_length(build, flavor, length):
+def test_flash_generation_equals_the_full_forward_at_length(build, flavor, length, split_min):
     """float64, every position generated from a 1-token prompt, so tiles up to length / 2 run (FFT ones from
     U = 8): the online tiling must give the training forward's logits, not merely agree with lazy/eager.
     Seen: 6e-15 at 1k and 4k (debug and debug_long), against logits of O(5); atol 1e-9."""
@@ -59,7 +67,7 @@ def test_flash_generation_equals_the_full_forward_at_length(build, flavor, lengt
     tokens = torch.randint(0, 2048, (1, length), generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
         expected = model(tokens)
-    torch.testing.assert_close(step_by_step_logits(model, tokens, 1, "flash"), expected, atol=1e-9, rtol=0)
+    torch.testing.assert_close(step_by_step_logits(model, tokens, 1, "flash", split_min), expected, atol=1e-9, rtol=0)
 
 
 def test_flash_state_is_linear_in_length_to_the_byte(build):
@@ -70,7 +78,7 @@ def test_flash_state_is_linear_in_length_to_the_byte(build):
     model = build("hyena", "tiny")
     channels = model.args.n_layers * model.args.n_filters * model.args.dim
     for length, rows in ((256, 1), (4096, 1), (4096, 3)):
-        conv = HyenaDecoder(model, length, strategy="flash", batch_size=rows, direct_max=8).conv
+        conv = HyenaDecoder(model, length, strategy="flash", batch_size=rows, direct_max=8, split_min=0).conv
         direct = sum(u * u for u in (1, 2, 4, 8))
         fft_bins = sum(2**q + 1 for q in range(4, length.bit_length() - 1))
         per_channel = 4 * (length + 2 * rows * length + direct) + 8 * fft_bins

@@ -8,6 +8,7 @@ from titan_models.generate import STRATEGIES, HyenaDecoder
 from titan_models.generate.flash_memory import flash_memory
 from titan_models.generate.hyena_step import StaticStep, tile_sizes
 from titan_models.generate.tile_crossover import CANDIDATES, measure_direct_max
+from titan_models.generate.tile_split import Push
 
 
 def static_logits(decoder, tokens: torch.Tensor, prompt: int, step=None) -> torch.Tensor:
@@ -23,24 +24,29 @@ def static_logits(decoder, tokens: torch.Tensor, prompt: int, step=None) -> torc
     return torch.cat(logits, dim=1)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_static_step_equals_the_full_forward(build, strategy):
+STRATEGY_SPLITS = [(strategy, 0) for strategy in STRATEGIES] + [("flash", 8)]  # 8: tiles 8 .. 32 split
+SPLIT_IDS = [f"{s}-split{m}" for s, m in STRATEGY_SPLITS]
+
+
+@pytest.mark.parametrize("strategy, split_min", STRATEGY_SPLITS, ids=SPLIT_IDS)
+def test_static_step_equals_the_full_forward(build, strategy, split_min):
     """float64 over 45 positions after a 3-token prompt: tiles up to 32 (FFT from 8); atol 1e-10 (as the
     sliced step's test)."""
     model = build("hyena", "tiny").double()
     tokens = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(tokens)
-        decoder = HyenaDecoder(model, 48, strategy, batch_size=2, direct_max=4, step_kind="static")
+        decoder = HyenaDecoder(model, 48, strategy, 2, direct_max=4, step_kind="static", split_min=split_min)
         got = static_logits(decoder, tokens, prompt=3)
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("strategy", ["flash", "eager"])
-def test_step_compiles_once_per_tile_size_without_graph_breaks(build, strategy):
+@pytest.mark.parametrize("strategy, split_min", [("flash", 0), ("flash", 8), ("eager", 0)])
+def test_step_compiles_once_per_tile_size_without_graph_breaks(build, strategy, split_min):
     """torch.compile(fullgraph=True) of the step for each tile size: a graph break (a host read such as .item()
-    or bool(tensor)) would raise; the backend counts compilations: one per tile size used, none again over the
-    later steps of that size. backend="eager"-like: dynamo's capture is what is proven, not code generation."""
+        or bool(tensor)) would raise; the backend counts compilations: one per tile size used, none again over the
+        later steps of that size. backend="eager"-like: dynamo's capture is what is proven, not code generation. Split
+    tiles (tile_split.py) add two fixed-shape steps per split size, each compiled once too."""
     model = build("hyena", "tiny").double()
     length = 64
     tokens = torch.randint(0, 2048, (2, length), generator=torch.Generator().manual_seed(2))
@@ -57,15 +63,19 @@ def test_step_compiles_once_per_tile_size_without_graph_breaks(build, strategy):
             compiled[tile] = torch.compile(step.for_tile(tile), fullgraph=True, backend=counting_backend)
         return compiled[tile]
 
-    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=len(tile_sizes(length)) + 1):
+    # The limit counts every kind's compilation of the one step function: tile sizes, + 2 per split size.
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=2 * len(tile_sizes(length)) + 1):
         torch._dynamo.reset()
         expected = model(tokens)
-        decoder = HyenaDecoder(model, length, strategy, batch_size=2, direct_max=4, step_kind="static")
+        decoder = HyenaDecoder(model, length, strategy, 2, direct_max=4, step_kind="static", split_min=split_min)
         step = StaticStep(decoder)
         got = static_logits(decoder, tokens, prompt=1, step=step_for)
     used = {decoder.conv.tile_at(t) for t in range(1, length)}
     assert set(compiled) == used
-    assert len(compilations) == len(used)  # flash: 0, 1, 2, .., 32; eager: 0 and 1
+    assert len(compilations) == len(used)  # flash: 0, 1, 2, .., 32 (+ 2 per split size); eager: 0 and 1
+    assert used <= set(decoder.conv.push_kinds())  # what CudaGraphSteps captures
+    if split_min:  # U = 8, 16, 32 split: a step before and one after each, 6 more steps, compiled once each
+        assert sum(isinstance(kind, Push) for kind in used) == 2 * 3
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
 
 
@@ -75,7 +85,7 @@ def test_flash_memory_to_the_byte(build):
     8 x (17+33+65+129)); small: caches 2 x 2 x 192 x 2 x 4 + h0 + D 128 x 4; transient: tile 128 (252
     generated positions) as two [128, 2, 129] complex64."""
     model = build("hyena", "tiny")
-    decoder = HyenaDecoder(model, 256, "flash", batch_size=2, direct_max=8)
+    decoder = HyenaDecoder(model, 256, "flash", batch_size=2, direct_max=8, split_min=0)
     decoder.prefill(torch.tensor([[1, 2, 3], [4, 5, 6]]))
     expected = {
         "history": 524_288,

@@ -15,11 +15,21 @@ from collections.abc import Callable
 
 import torch
 
-from titan_models.generate.hyena_step import STEP_KINDS, CudaGraphSteps, StaticStep, tile_sizes
+from titan_models.generate.hyena_step import STEP_KINDS, CudaGraphSteps, StaticStep
 from titan_models.generate.online_conv import make_online_conv
+from titan_models.generate.tile_split import default_split_min
 from titan_models.hyena.model import HyenaLM
 
 logger = logging.getLogger("titan")
+
+
+def split_min_for(model: HyenaLM, max_len: int, batch_size: int = 1) -> int:
+    """The default split_min of a flash decoder (tile_split.default_split_min): ~2 flops per parameter outside
+    the embedding per token against the FFT work of every layer's filter channels."""
+    args = model.args
+    channels = args.n_layers * args.n_filters * args.dim
+    params = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("tok_embeddings"))
+    return default_split_min(channels, 2.0 * params, max_len, batch_size)
 
 
 class HyenaDecoder:
@@ -30,7 +40,9 @@ class HyenaDecoder:
     strategy: "lazy", "eager" or "flash" (see online_conv.py); all give the same outputs up to rounding.
     direct_max: the largest flash tile computed as a direct product (None: measured on this device and dtype,
     tile_crossover.py). clock: what `mixing_seconds` counts. step_kind: "sliced", "static" or "cuda_graph"
-    (hyena_step.py; None: cuda_graph on CUDA, sliced elsewhere).
+    (hyena_step.py; None: cuda_graph on CUDA, sliced elsewhere). split_min: flash's smallest tile split over the
+    steps around it so the next token does not wait for all of it (tile_split.py; 0: none; None: the largest tile
+    alone, if its counted FFT work reaches the model's per-token work: split_min_for).
     """
 
     def __init__(
@@ -42,6 +54,7 @@ class HyenaDecoder:
         direct_max: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         step_kind: str | None = None,
+        split_min: int | None = None,
     ):
         if model.tok_embeddings is None or model.output is None:
             raise ValueError("HyenaDecoder needs the whole model; this one is a pipeline stage")
@@ -55,7 +68,9 @@ class HyenaDecoder:
             h = torch.cat([layer.mixer.filter(max_len) for layer in self.layers])  # [layers * (N-1) * dim, L]
             skip = torch.cat([layer.mixer.filter.skip for layer in self.layers])
         self.h0_plus_skip = (h[:, 0] + skip.to(h.dtype)).view(len(self.layers), args.dim, args.n_filters)
-        self.conv = make_online_conv(strategy, h, batch_size, direct_max, clock)
+        default = split_min_for(model, max_len, batch_size) if split_min is None else split_min
+        self.split_min = default if strategy == "flash" else 0  # only flash has tiles
+        self.conv = make_online_conv(strategy, h, batch_size, direct_max, clock, self.split_min)
         dtype = model.output.weight.dtype
         device = model.output.weight.device
         self.short_cache = [
@@ -74,7 +89,7 @@ class HyenaDecoder:
         self.graphs = None
         if self.step_kind == "cuda_graph":
             try:
-                self.graphs = CudaGraphSteps(self, tile_sizes(max_len))
+                self.graphs = CudaGraphSteps(self, self.conv.push_kinds())
             except RuntimeError as error:
                 if step_kind is not None:
                     raise

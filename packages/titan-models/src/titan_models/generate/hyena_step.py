@@ -1,9 +1,9 @@
-"""Hyena's per-token step in a form a CUDA graph can hold: every layer's projections, short convolution, gates,
-h[0] x_t + pending sum and MLP, then the long convolutions' push, with the position a 0-d device tensor and
-every shape fixed by the tile size alone. So there are ~log2 L distinct steps (one per tile size, plus "no
-push" at the last position), each captured once and replayed: one launch per token instead of ~50 per layer
-(the launch storm that bound every strategy on a GPU at small widths). Nothing in the step reads a tensor on
-the host; `torch.compile(..., fullgraph=True)` proves it on a CPU (tests/generate/test_hyena_step.py).
+"""Hyena's per-token step in a form a CUDA graph can hold: every layer's projections, short convolution, gates, h[0] x_t
++ pending sum and MLP, then the long convolutions' push, with the position a 0-d device tensor and every shape fixed
+by the tile size alone. So there are ~log2 L distinct steps (one per tile size, plus "no push" at the last position,
+plus two per split tile size: conv.push_kinds()), each captured once and replayed: one launch per token instead of
+~50 per layer (the launch storm that bound every strategy on a GPU at small widths). Nothing in the step reads a
+tensor on the host; `torch.compile(..., fullgraph=True)` proves it on a CPU (tests/generate/test_hyena_step.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import torch
 from torch import nn
 
 from titan_models.generate.online_conv import OnlineConv
+from titan_models.generate.tiling import tile_sizes
+
+__all__ = ["STEP_KINDS", "CudaGraphSteps", "StaticStep", "tile_sizes"]
 
 
 class HyenaDecoder(Protocol):
@@ -39,12 +42,13 @@ graph-ready step run eagerly (the CPU proof of the CUDA path). cuda_graph: stati
 class StaticStep:
     """decoder's step with a device-side position: (tokens [B], position 0-d int64, tile) -> logits [B, V].
 
-    `tile` is conv.tile_at(t), a host-side int that the host knows without asking the device."""
+    `tile` is conv.tile_at(t), a host-side int (or a split tile's Push, tile_split.py) that the host knows
+    without asking the device."""
 
     def __init__(self, decoder: HyenaDecoder):
         self.decoder = decoder
 
-    def __call__(self, tokens: torch.Tensor, position: torch.Tensor, tile: int) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, position: torch.Tensor, tile) -> torch.Tensor:
         conv = self.decoder.conv
         logits, inputs = self.decoder.run_layers(tokens, conv.pending_at(position))
         conv.record_at(position, inputs)
@@ -58,15 +62,6 @@ class StaticStep:
             return self(tokens, position, tile)
 
         return step
-
-
-def tile_sizes(length: int) -> list[int]:
-    """Every value conv.tile_at can return for a decoder of `length` positions: 0 and 1, 2, 4, .. < length."""
-    sizes, size = [0], 1
-    while size < length:
-        sizes.append(size)
-        size *= 2
-    return sizes
 
 
 class CudaGraphSteps:

@@ -24,7 +24,17 @@ from collections.abc import Callable
 import torch
 
 from titan_models.generate.tile_crossover import measure_direct_max
-from titan_models.generate.tiling import TileKernels, tile_size
+from titan_models.generate.tile_split import (
+    Push,
+    SplitKernels,
+    blocks,
+    check_split_min,
+    push_of,
+    split_sizes,
+    step_parts,
+    transient_bytes,
+)
+from titan_models.generate.tiling import TileKernels, tile_sizes
 
 STRATEGIES = ("lazy", "eager", "flash")
 
@@ -120,6 +130,10 @@ class OnlineConv:
         """The push size after input t (a host-side int: which captured step to run); 0 when none is needed."""
         return 1 if t + 1 < self.length else 0
 
+    def push_kinds(self) -> list:
+        """Every value tile_at can return (one CUDA graph each)."""
+        return tile_sizes(self.length)
+
     def pending_at(self, position: torch.Tensor) -> torch.Tensor:
         """pending(t) for t held in a 0-d int64 tensor on the device, without reading it on the host."""
         raise NotImplementedError
@@ -205,7 +219,8 @@ class EagerConv(_Accumulating):
 
 
 class FlashConv(_Accumulating):
-    """Tiles of growing size (tiling.py): small ones as direct Toeplitz products, large ones by FFT."""
+    """Tiles of growing size (tiling.py): small ones as direct Toeplitz products, large ones by FFT; tiles of size
+    >= split_min split over the steps around them (tile_split.py; 0: none)."""
 
     def __init__(
         self,
@@ -213,49 +228,68 @@ class FlashConv(_Accumulating):
         batch_size: int,
         direct_max: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        split_min: int = 0,
     ):
         super().__init__(h, batch_size, clock)
         if direct_max is None:  # measured on this device (tile_crossover.py)
             direct_max = measure_direct_max(batch_size, h.dtype, h.device)
         self.kernels = TileKernels(h, direct_max)
+        self.split_min = check_split_min(split_min)
+        self.split = SplitKernels(h, split_min, direct_max) if split_min else None
+        self.largest_block = 0  # the largest block any step has run (sliced steps): what the split bounds
 
     def _state_groups(self) -> dict[str, list[torch.Tensor]]:
         kernels = [*self.kernels.toeplitz.values(), *self.kernels.spectra.values()]
+        kernels += self.split.tensors() if self.split else []
         return {**super()._state_groups(), "spectra": kernels}
 
     def _transient_bytes(self) -> int:
-        """The largest tile's temporaries. FFT tile: the inputs' spectrum and its product with the filter's,
-        each [C, B, U + 1] complex, alive together (irfft's [C, B, 2U] real output is no larger than one of
-        them). Direct tile: its [C, B, U] product. U: the largest power of two <= the generated positions - 1."""
+        """The largest step's temporaries (tile_split.transient_bytes). Its largest tile: the largest power of two
+        <= the generated positions - 1."""
         generated = self.length - 1 - self.start
-        if generated < 1:
-            return 0
-        size = 1 << (generated.bit_length() - 1)
+        largest = 1 << (generated.bit_length() - 1) if generated >= 1 else 0
         rows = self.channels * self.x.shape[1]
-        if size <= self.kernels.direct_max:
-            return rows * size * self.h.element_size()
-        return 2 * rows * (size + 1) * 2 * self.h.element_size()
+        return transient_bytes(largest, rows, self.kernels.direct_max, self.split_min, self.h.element_size())
+
+    def _work(self, i: int) -> int | Push:
+        return push_of(i - self.start, self.split_min, self.length - i)
 
     def _push(self, t: int) -> None:
         i = t + 1
         if i >= self.length:
             return
-        size = tile_size(i - self.start)
-        end = min(i + size, self.length)
-        self.acc[:, :, i:end] += self.kernels(self.x[:, :, i - size : i])[..., : end - i]
+        push = self._work(i)
+        self.largest_block = max(self.largest_block, *(block.size for block in blocks(push)))
 
-    def tile_at(self, t: int) -> int:
-        return tile_size(t + 1 - self.start) if t + 1 < self.length else 0
+        def read(offset: int, count: int) -> torch.Tensor:
+            return self.x[:, :, i + offset : i + offset + count]
 
-    def push_at(self, position: torch.Tensor, tile: int) -> None:
+        for offset, contribution in step_parts(self.kernels, self.split, push, read):
+            end = min(i + offset + contribution.shape[-1], self.length)
+            self.acc[:, :, i + offset : end] += contribution[..., : end - i - offset]
+
+    def tile_at(self, t: int) -> int | Push:
+        return self._work(t + 1) if t + 1 < self.length else 0
+
+    def push_kinds(self) -> list[int | Push]:
+        halves = split_sizes(self.length, self.split_min)
+        # A split tile of size U runs as a plain U / 2 (its B -> C); a size >= split_min runs plain only so.
+        plain = [size for size in tile_sizes(self.length) if size < (self.split_min or self.length) or size in halves]
+        return [*plain, *(Push(1, h, 0) for h in halves), *(Push(1, 0, h) for h in halves)]
+
+    def push_at(self, position: torch.Tensor, tile: int | Push) -> None:
         if tile == 0:
             return
-        offsets = torch.arange(tile, device=position.device)
-        contribution = self.kernels(self.x.index_select(2, position + 1 - tile + offsets))
-        # Outputs past the end are dropped: their contributions become zeros added to the last position.
-        outputs = position + 1 + offsets
-        inside = outputs < self.length
-        self.acc.index_add_(2, outputs.clamp(max=self.length - 1), contribution * inside)
+        base = position + 1
+
+        def read(offset: int, count: int) -> torch.Tensor:
+            return self.x.index_select(2, base + offset + torch.arange(count, device=position.device))
+
+        for offset, contribution in step_parts(self.kernels, self.split, tile, read):
+            # Outputs past the end are dropped: their contributions become zeros added to the last position.
+            outputs = base + offset + torch.arange(contribution.shape[-1], device=position.device)
+            inside = outputs < self.length
+            self.acc.index_add_(2, outputs.clamp(max=self.length - 1), contribution * inside)
 
 
 def make_online_conv(
@@ -264,13 +298,15 @@ def make_online_conv(
     batch_size: int,
     direct_max: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    split_min: int = 0,
 ) -> OnlineConv:
     """An online convolution of filters h [C, L] for `batch_size` sequences of up to L positions. direct_max:
-    flash's largest direct-product tile (None: measured on h's device, tile_crossover.py)."""
+    flash's largest direct-product tile (None: measured on h's device, tile_crossover.py); split_min: flash's
+    smallest tile split over the steps around it (tile_split.py; 0: none)."""
     if strategy == "lazy":
         return LazyConv(h, batch_size, clock)
     if strategy == "eager":
         return EagerConv(h, batch_size, clock)
     if strategy == "flash":
-        return FlashConv(h, batch_size, direct_max, clock)
+        return FlashConv(h, batch_size, direct_max, clock, split_min)
     raise ValueError(f"strategy={strategy!r} is not a long-convolution strategy; use one of {', '.join(STRATEGIES)}")

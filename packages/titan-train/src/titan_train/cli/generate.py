@@ -302,8 +302,10 @@ def report(
 
 
 def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_new_tokens: int) -> str:
-    """Flash generation's memory as the Flash Inference paper counts it (titan_models.generate.flash_memory)."""
+    """Flash generation's memory as the Flash Inference paper counts it (titan_models.generate.flash_memory), and
+    the largest tiles' split (titan_models.generate.tile_split: the decoder's default split_min)."""
     from titan_models.generate.flash_memory import flash_memory
+    from titan_models.generate.hyena_decode import split_min_for
     from titan_models.generate.tile_crossover import measure_direct_max
 
     weight = model.output.weight
@@ -312,14 +314,17 @@ def flash_memory_line(model: torch.nn.Module, prompt_ids: list[list[int]], max_n
     rows = len(prompt_ids)
     direct_max = measure_direct_max(rows, filter_dtype, weight.device)  # cached: what the decoder used
     itemsize = filter_dtype.itemsize
-    counts = flash_memory(model.args, prompt_len + max_new_tokens, rows, prompt_len, direct_max, itemsize,
-                          weight.dtype.itemsize)  # fmt: skip
+    max_len = prompt_len + max_new_tokens
+    split_min = split_min_for(model, max_len, rows)  # what the decoder used
+    counts = flash_memory(model.args, max_len, rows, prompt_len, direct_max, itemsize, weight.dtype.itemsize,
+                          split_min)  # fmt: skip
+    split = f"tiles >= {split_min} split over the steps around them" if split_min else "no tile split"
     mib = {name: count / 2**20 for name, count in counts.items()}
     return (
         f"flash memory: state {mib['state']:.1f} MiB = history {mib['history']:.1f} MiB "
         f"({mib['history_per_layer']:.1f} MiB per layer) + filters {mib['filters']:.1f} MiB + cached spectra "
         f"{mib['spectra']:.1f} MiB + caches {mib['small']:.1f} MiB; largest transient (biggest tile) "
-        f"{mib['transient']:.1f} MiB"
+        f"{mib['transient']:.1f} MiB; {split}"
     )
 
 
