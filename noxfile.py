@@ -31,13 +31,13 @@ PACKAGES = ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint"
 SIBLINGS = {
     "titan-train": ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint", "titan-debug"],
 }
-# Packages whose tests run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-train's are one
-# process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine idle.
-# loadfile keeps a file's tests, and its module-scoped fixtures, in one worker. Not integration: its cases run
-# 2 to 8 ranks each. One trial with two workers took 37.5 min against 32 for one, but not comparably (beside
-# other work, in a venv without byte-compiled modules) and slowed a replica group's start past the other's
-# first quorum (a race since fixed): worth measuring again cleanly.
-PARALLEL_TESTS = {"titan-train"}
+# Test suites run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-train's cases are one
+# process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine idle;
+# integration's run 2 to 8 ranks each but spend much of their time starting processes and waiting (rendezvous,
+# heartbeats, timeouts): measured on a quiet 2-core machine, 407 cases took 28.5 min on two workers against
+# ~38 on one. loadfile keeps a file's tests, and its module-scoped fixtures, in one worker. Cases marked
+# `serial` (a measurement that another worker's load would skew) run after, alone.
+PARALLEL_TESTS = {"titan-train", "integration"}
 WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
 # Float8Linear offers its matmuls to titan-parallel's async TP by a duck-typed protocol, tested with both.
@@ -130,7 +130,13 @@ def integration(session: nox.Session) -> None:
     # The slowest cases in every log: what to look at when the suite's time has to come down.
     # Its slow cases too; the stress ones (ten kills in a row, the GPU check's full rehearsal: what shorter cases
     # check, repeated) only in `nox -s slow`.
-    _pytest(session, str(ROOT / "integration"), "-m", "not gpu and not stress", "--durations=25")
+    # Arguments after `--` (`-k ...`, `-m 'not slow'`) pick cases: one run, one worker, as they say.
+    selected, folder = "not gpu and not stress", str(ROOT / "integration")
+    if session.posargs:
+        _pytest(session, folder, "-m", selected, "--durations=25")
+        return
+    _pytest(session, folder, "-m", f"{selected} and not serial", "--durations=25", *_workers("integration"))
+    _pytest(session, folder, "-m", f"{selected} and serial")
 
 
 @session()

@@ -18,6 +18,7 @@ TOLERANCE = 0.35
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its probe and its runs must see the same machine: not one shared with another worker
 def test_the_model_predicts_real_cpu_steps_within_its_tolerance(tmp_path):
     out = tmp_path / "rows.json"
     command = [
