@@ -163,6 +163,17 @@ def _gloo_fsdp(model: torch.nn.Module, bypasses: list[str]) -> None:
     bypasses.append("FSDP2 forced to sum-reduce (gloo has no PREMUL_SUM)")
 
 
+def materialize(model: torch.nn.Module, r: Request, bypasses: list[str]) -> None:
+    """A parallelized meta model onto the device, initialized by its own init_weights, in training mode (gloo's
+    reduction bypass first, where the rehearsal shards over CPU processes)."""
+    if r.device.type == "cpu" and r.world > 1:
+        _gloo_fsdp(model, bypasses)
+    model.to_empty(device=r.device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+
+
 def build_0_3(r: Request, version: str) -> Built:
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
@@ -207,12 +218,7 @@ def build_0_3(r: Request, version: str) -> Built:
                                    backend=r.compile_backend or "inductor")  # fmt: skip
     model = spec.parallelize_fn(model, parallel_dims=dims, training=training, parallelism=parallelism,
                                 compile_config=compile_config, ac_config=ac, dump_folder=r.work)  # fmt: skip
-    if r.device.type == "cpu" and r.world > 1:
-        _gloo_fsdp(model, bypasses)
-    model.to_empty(device=r.device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.train()
+    materialize(model, r, bypasses)
     kwargs = {}
     if r.attention != "sdpa":  # one document per row: the block-causal mask is the causal mask
         positions = torch.arange(r.seq, device=r.device).expand(r.batch, r.seq)
@@ -261,12 +267,7 @@ def build_0_2(r: Request, version: str) -> Built:
     cls = type(model)
     dims = ParallelDims(dp_replicate=1, dp_shard=r.world, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=r.world)
     model = parallelize(model, dims, job)
-    if r.device.type == "cpu" and r.world > 1:
-        _gloo_fsdp(model, bypasses)
-    model.to_empty(device=r.device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.train()
+    materialize(model, r, bypasses)
 
     # its trainer makes this once and enters it every step
     amp = maybe_enable_amp(dims, r.param_dtype, r.device.type) if r.param_dtype != "float32" else None
