@@ -116,3 +116,29 @@ def test_a_failing_torchtitan_falls_back_to_the_carried_wheel_and_says_why(tmp_p
     assert ctx.figures["torchtitan_fallback"] == wheel.name
     assert ctx.figures["torchtitan_fallback_reason"] == "[rank0]: ImportError: cannot import name 'X' from 'torch'"
     assert any(wheel.name in note and "cannot import name" in note for note in ctx.notes)
+
+
+@pytest.mark.parametrize("budget_s, rounds", [(200, 1), (400, 2)])
+def test_a_second_round_runs_only_where_it_ends_before_the_checks_deadline(tmp_path, monkeypatch, budget_s, rounds):
+    """A fake clock: each side's run takes 30 s, so a model's round 60 s and the first rounds 120 s. With 200 s
+    the second would end within ROUND_MARGIN_S of the deadline (one round, said in a note); with 400 s it runs."""
+    import time
+
+    from gpu_checks import side_by_side
+    from gpu_checks.context import Context
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    runs = []
+
+    def run_side(ctx, side, model, world, name, env=None):
+        now[0] += 30
+        runs.append(name)
+        return {}
+
+    monkeypatch.setattr(side_by_side, "run_side", run_side)
+    monkeypatch.setattr(side_by_side, "record", lambda *args: None)
+    ctx = Context(cuda=True, work=tmp_path, result_path=tmp_path / "result.json", deadline=now[0] + budget_s)
+    side_by_side.side_by_side(ctx)
+    assert len(runs) == 4 * rounds
+    assert sum("one round only" in note for note in ctx.notes) == 2 * (rounds == 1)

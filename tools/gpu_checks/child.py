@@ -1,6 +1,6 @@
 """One check in its own process, so a crash, a hang or a CUDA error in it cannot take the others down:
 
-    python -m gpu_checks.child module:function --result FILE --work DIR [--cpu]
+    python -m gpu_checks.child module:function --result FILE --work DIR [--timeout-s S] [--cpu]
 
 The function gets a Context and records its figures into FILE as it goes; this process adds the status
 (pass, or fail with the reason) when the function returns or raises. A process that dies without writing
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -28,10 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target")
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--timeout-s", type=float, help="when the runner kills this process (a check plans by it)")
     parser.add_argument("--cpu", action="store_true", help="the CPU rehearsal")
     opts = parser.parse_args(argv)
     opts.work.mkdir(parents=True, exist_ok=True)
-    context = Context(cuda=not opts.cpu, work=opts.work, result_path=opts.result)
+    deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else None
+    context = Context(cuda=not opts.cpu, work=opts.work, result_path=opts.result, deadline=deadline)
     context.flush()
     try:
         load(opts.target)(context)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,9 +50,15 @@ class Context:
     cuda: bool
     work: Path
     result_path: Path
+    deadline: float | None = None
+    """time.monotonic() at which the runner kills this check (its budget, or less where the total budget is
+    shorter); None: no limit."""
     figures: dict = field(default_factory=dict)
     comparisons: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def record(self, **figures) -> None:
         self.figures.update(figures)

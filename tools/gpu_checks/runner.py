@@ -108,7 +108,8 @@ def run_one(check: Check, cuda: bool, work: Path, timeout_s: float) -> tuple[dic
     shutil.rmtree(work, ignore_errors=True)  # an earlier run's folders (titan-train appends to metrics.jsonl)
     work.mkdir(parents=True)
     result_path, log_path = work / "result.json", work / "child.log"
-    argv = [sys.executable, "-m", "gpu_checks.child", check.target, "--result", str(result_path), "--work", str(work)]
+    argv = [sys.executable, "-m", "gpu_checks.child", check.target, "--result", str(result_path), "--work", str(work),
+            "--timeout-s", f"{timeout_s:.0f}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(TOOLS), os.environ.get("PYTHONPATH")) if p)}
     start = time.monotonic()
     with log_path.open("w") as log:
