@@ -31,13 +31,15 @@ PACKAGES = ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint"
 SIBLINGS = {
     "titan-train": ["titan-models", "titan-parallel", "titan-float8", "titan-checkpoint", "titan-debug"],
 }
-# Test suites run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-train's cases are one
-# process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine idle;
+# Test suites run in two pytest-xdist workers (TITAN_TEST_WORKERS overrides): titan-models' and titan-train's
+# cases are one process each on one thread (OMP_NUM_THREADS=1), so one worker leaves a core of a 2-core CI machine
+# idle (titan-models: 84 s against 119);
 # integration's run 2 to 8 ranks each but spend much of their time starting processes and waiting (rendezvous,
 # heartbeats, timeouts): measured on a quiet 2-core machine, 407 cases took 28.5 min on two workers against
 # ~38 on one. loadfile keeps a file's tests, and its module-scoped fixtures, in one worker. Cases marked
-# `serial` (a measurement that another worker's load would skew) run after, alone.
-PARALLEL_TESTS = {"titan-train", "integration"}
+# `serial` (a measurement that another worker's load would skew) run after, alone. titan-parallel's cases launch
+# 2-8 ranks each, which already keep both cores busy: two workers measured 239 s against 244 on one.
+PARALLEL_TESTS = {"titan-models", "titan-train", "integration"}
 WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
 # Float8Linear offers its matmuls to titan-parallel's async TP by a duck-typed protocol, tested with both.
@@ -117,16 +119,21 @@ def tests(session: nox.Session, package: str) -> None:
     _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not stress", *_workers(package))
 
 
-@session()
-def integration(session: nox.Session) -> None:
-    """The trainer on CPU/gloo ranks (forked from a process that imported torch once: integration/launch_helpers.py;
-    torchrun itself where the launch is what a test checks); transformers checks the HF export."""
+def _install_integration(session: nox.Session) -> None:
+    """Every package, and the references the integration cases check against."""
     _install(session, *PACKAGES)
     session.install("-c", CONSTRAINTS, "transformers", "peft")  # peft: the LoRA export's reference
     # The GPU check's side_by_side rehearsal: TorchTitan without its trainer's dependencies (HF datasets, wandb...),
     # with the few its model and parallelize path imports.
     session.install("-c", CONSTRAINTS, "--no-deps", "torchtitan", "spmd_types", "tyro", "docstring_parser",
                     "typeguard")  # fmt: skip
+
+
+@session()
+def integration(session: nox.Session) -> None:
+    """The trainer on CPU/gloo ranks (forked from a process that imported torch once: integration/launch_helpers.py;
+    torchrun itself where the launch is what a test checks); transformers checks the HF export."""
+    _install_integration(session)
     # The slowest cases in every log: what to look at when the suite's time has to come down.
     # Its slow cases too; the stress ones (ten kills in a row, the GPU check's full rehearsal: what shorter cases
     # check, repeated) only in `nox -s slow`.
@@ -152,7 +159,7 @@ def integration_gpu(session: nox.Session) -> None:
 @session()
 def slow(session: nox.Session) -> None:
     """Tests marked slow, in every package and in integration; then the suite on the next torch."""
-    _install(session, *PACKAGES)
+    _install_integration(session)
     paths = [str(ROOT / "packages" / p / "tests") for p in PACKAGES] + [str(ROOT / "integration")]
     _pytest(session, *paths, "-m", "slow")
     session.notify("torch_next")

@@ -236,7 +236,6 @@ class FlashConv(_Accumulating):
         self.kernels = TileKernels(h, direct_max)
         self.split_min = check_split_min(split_min)
         self.split = SplitKernels(h, split_min, direct_max) if split_min else None
-        self.largest_block = 0  # the largest block any step has run (sliced steps): what the split bounds
 
     def _state_groups(self) -> dict[str, list[torch.Tensor]]:
         kernels = [*self.kernels.toeplitz.values(), *self.kernels.spectra.values()]
@@ -259,7 +258,6 @@ class FlashConv(_Accumulating):
         if i >= self.length:
             return
         push = self._work(i)
-        self.largest_block = max(self.largest_block, *(block.size for block in blocks(push)))
 
         def read(offset: int, count: int) -> torch.Tensor:
             return self.x[:, :, i + offset : i + offset + count]
@@ -267,6 +265,12 @@ class FlashConv(_Accumulating):
         for offset, contribution in step_parts(self.kernels, self.split, push, read):
             end = min(i + offset + contribution.shape[-1], self.length)
             self.acc[:, :, i + offset : end] += contribution[..., : end - i - offset]
+
+    @property
+    def largest_block(self) -> int:
+        """The largest block of any step from the prompt on (what the split bounds), from the schedule."""
+        steps = range(self.start + 1, self.length)
+        return max((block.size for i in steps for block in blocks(self._work(i))), default=0)
 
     def tile_at(self, t: int) -> int | Push:
         return self._work(t + 1) if t + 1 < self.length else 0

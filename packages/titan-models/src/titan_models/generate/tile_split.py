@@ -95,12 +95,10 @@ def step_work(push: int | Push, direct_max: int) -> float:
     tile, whose two blocks share the inverse), U^2 per direct block."""
     push = Push(push) if isinstance(push, int) else push
 
-    def fft(size: int, transforms: int) -> float:
-        return transforms * 2 * size * math.log2(2 * size) if size > direct_max else size * size
+    def cost(size: int, transforms: int, direct_blocks: int = 1) -> float:
+        return transforms * 2 * size * math.log2(2 * size) if size > direct_max else direct_blocks * size * size
 
-    work = fft(push.tile, 2) if push.tile else 0.0
-    work += fft(push.ahead, 2) if push.ahead else 0.0
-    return work + (fft(push.behind, 3) if push.behind > direct_max else 2.0 * push.behind**2)
+    return cost(push.tile, 2) + cost(push.ahead, 2) + cost(push.behind, 3, direct_blocks=2)
 
 
 # Below this many input values per split block (channels x rows x H), a block's few torch ops cost more in fixed
