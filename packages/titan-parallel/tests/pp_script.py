@@ -4,11 +4,13 @@ three SGD steps' losses (rtol 1e-5), then after the first step every parameter's
 atol 1e-6), and every step the grad norm over all stages. fp32 throughout. Prints "rank R CASE ok" per case.
 
 GROUP "pp2" (2 ranks): PP 2 with each schedule (2 stages per rank for the multi-stage ones), plus AC,
-per-block compile (aot_eager) and gradient accumulation. GROUP "pp2x2" (4 ranks): FSDP 2 x PP 2 and
+per-block compile (aot_eager) and gradient accumulation, and the guard around torch's metadata inference
+(one-stage and interleaved). GROUP "pp2x2" (4 ranks): FSDP 2 x PP 2 and
 TP 2 x PP 2 (with loss parallel for one schedule); one FSDP case also saves its stages with DCP into the
 folder given as the second argument and loads that checkpoint into a plain model.
 """
 
+import contextlib
 import math
 import sys
 
@@ -111,6 +113,45 @@ def run_case(
         check_checkpoint(pipeline.model_parts, reference, checkpoint_dir)
 
 
+def run_guard_case(schedule: str, pp_mesh) -> None:
+    """Pipeline.guard_metadata_inference: a forward hook on each stage notes whether the guard was on. Over a
+    training step, an evaluation and a training step again (torch learns the shapes before the first and again
+    after each switch), the forwards outside the guard are exactly the micro-batches', and the guard saw some."""
+    plan = plan_pipeline(schedule, pp_mesh.size(), pp_toy.block_fqns(), LOCAL_BATCH)
+    with torch.device("meta"):
+        meta = pp_toy.ToyModel()
+    reference = pp_toy.build_model()
+
+    def parallelize(part):
+        part.to_empty(device="cpu")
+        copy_weights(part, reference)
+
+    pipeline = build_pipeline(
+        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
+        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=parallelize,
+    )  # fmt: skip
+    guarded, seen = [False], []
+
+    @contextlib.contextmanager
+    def guard():
+        guarded[0] = True
+        try:
+            yield
+        finally:
+            guarded[0] = False
+
+    for part in pipeline.model_parts:
+        part.register_forward_hook(lambda module, args, output: seen.append(guarded[0]))
+    pipeline.guard_metadata_inference(guard)
+    inputs, labels = pp_toy.batch(LOCAL_BATCH, seed=0)
+    pipeline.step(inputs, labels)
+    with torch.no_grad():
+        pipeline.step(inputs, labels, forward_only=True)
+    pipeline.step(inputs, labels)
+    forwards = 3 * len(pipeline.stages) * plan.n_microbatches
+    assert seen.count(False) == forwards and seen.count(True) >= len(pipeline.stages), (forwards, seen)
+
+
 def check_checkpoint(parts, reference, folder: str) -> None:
     """Each stage saves its own part under the plain model's names; the checkpoint loads into a plain model."""
     state = {}
@@ -144,6 +185,8 @@ def cases(group: str) -> dict:
         found["ZBVZeroBubble_ac"] = lambda: run_case("ZBVZeroBubble", mesh, ac=True)
         found["1F1B_compile"] = lambda: run_case("1F1B", mesh, compile=True)
         found["Interleaved1F1B_accumulation"] = lambda: run_case("Interleaved1F1B", mesh, accumulation=2)
+        found["1F1B_metadata_guard"] = lambda: run_guard_case("1F1B", mesh)
+        found["Interleaved1F1B_metadata_guard"] = lambda: run_guard_case("Interleaved1F1B", mesh)
         return found
     fsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp_shard"))
     tp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))

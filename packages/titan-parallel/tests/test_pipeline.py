@@ -243,7 +243,8 @@ def pp2x2_output(tmp_path_factory) -> str:
     return _launch(4, "pp2x2", str(tmp_path_factory.mktemp("pp_checkpoint")))
 
 
-PP2_CASES = [*SCHEDULES, "1F1B_ac", "ZBVZeroBubble_ac", "1F1B_compile", "Interleaved1F1B_accumulation"]
+PP2_CASES = [*SCHEDULES, "1F1B_ac", "ZBVZeroBubble_ac", "1F1B_compile", "Interleaved1F1B_accumulation",
+             "1F1B_metadata_guard", "Interleaved1F1B_metadata_guard"]  # fmt: skip
 PP2X2_CASES = [
     "fsdp_1F1B",
     "fsdp_Interleaved1F1B_checkpoint",

@@ -138,10 +138,6 @@ def test_off_by_default_and_nothing_recorded(tmp_path):
             r"with parallelism.context_parallel_degree=2",
         ),
         (
-            ["--optimizer.muon_clip_threshold", "100", "--parallelism.pipeline_parallel_degree", "2"],
-            r"with parallelism.pipeline_parallel_degree=2: torch's pipeline schedule",
-        ),
-        (
             ["--optimizer.muon_clip_threshold", "100", "--fault_tolerance.enable", "true"],
             r"with fault_tolerance.enable=true",
         ),

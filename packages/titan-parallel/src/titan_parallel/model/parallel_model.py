@@ -18,6 +18,7 @@ input_fqns, output_fqns, tp_plan(loss_parallel=), attention_fqns, expert_fqns); 
 import contextlib
 import math
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -239,6 +240,12 @@ class ParallelModel:
         """With pipeline parallelism, the schedule's compute actions per pipeline rank (Pipeline.action_order);
         else None."""
         return self._pipeline.action_order() if self._pipeline is not None else None
+
+    def guard_metadata_inference(self, guard: Callable[[], AbstractContextManager]) -> None:
+        """With pipeline parallelism, torch's runs of the stages on made-up inputs (to learn their shapes) happen
+        inside `guard()` (Pipeline.guard_metadata_inference); without, there are none."""
+        if self._pipeline is not None:
+            self._pipeline.guard_metadata_inference(guard)
 
     def applied_layout(self) -> list[dict]:
         """What was applied to each part, read back from the live modules (see applied_layout.py)."""

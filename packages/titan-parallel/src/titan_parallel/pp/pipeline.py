@@ -14,7 +14,9 @@ the local batch (for a mean-reduced loss on equal-sized microbatches) and gradie
 plain model, accumulating across steps.
 """
 
+import contextlib
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +78,24 @@ class _ScaledLoss:
 _COMPUTE_ACTIONS = ("F", "B", "I", "W")
 
 
+class _Stage(PipelineStage):
+    """torch's stage, its metadata inference run inside `metadata_inference_guard()`
+    (Pipeline.guard_metadata_inference). Overrides torch's private `_prepare_forward_infra` and
+    `_prepare_backward_infra` (pyproject.toml lists them): what every schedule calls on each stage before its
+    first step and after each switch between training and evaluation, where the stage runs on made-up inputs
+    (uninitialized tensors on torch 2.13, meta ones before)."""
+
+    metadata_inference_guard: Callable[[], AbstractContextManager] = contextlib.nullcontext
+
+    def _prepare_forward_infra(self, *args, **kwargs):
+        with self.metadata_inference_guard():
+            return super()._prepare_forward_infra(*args, **kwargs)
+
+    def _prepare_backward_infra(self, *args, **kwargs):
+        with self.metadata_inference_guard():
+            return super()._prepare_backward_infra(*args, **kwargs)
+
+
 def _one_stage_order(rank: int, pp: int, n: int, one_f_one_b: bool) -> list[tuple[int, str, int]]:
     """GPipe: every forward, then every backward. 1F1B (torch's Schedule1F1B loop): pp - rank forwards, then a
     backward and a forward in turn while forwards remain, then the remaining backwards."""
@@ -132,6 +152,13 @@ class Pipeline:
                         steps.append((part.stage_index, kind, part.microbatch_index))
             order[rank] = steps
         return order
+
+    def guard_metadata_inference(self, guard: Callable[[], AbstractContextManager]) -> None:
+        """Run torch's metadata inference inside `guard()`: before the first step and after each switch between
+        training and evaluation, the schedule runs every stage on made-up inputs to learn its shapes, ahead of that
+        call's micro-batches; what modules record of their forwards (QK-clip's largest logits) can be kept from it."""
+        for stage in self.stages:
+            stage.metadata_inference_guard = guard
 
     def sum_shared_gradients(self) -> set[int]:
         """Once per step, after the backward passes: the copies of shared input modules get their summed gradient
@@ -229,7 +256,7 @@ def wrap_stages(
     if single and len(model_parts) != 1:
         raise ValueError(f"schedule={name!r} runs one stage per rank, got {len(stage_ids)}")
     stages = [
-        PipelineStage(part, stage_id, num_stages, device, group=group)
+        _Stage(part, stage_id, num_stages, device, group=group)
         for part, stage_id in zip(model_parts, stage_ids, strict=True)
     ]
     scaled = _ScaledLoss(loss_fn)

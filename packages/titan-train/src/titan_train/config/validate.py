@@ -324,13 +324,6 @@ def _validate_muon_clip(config: JobConfig) -> None:
         "context_parallel_degree=1 or optimizer.muon_clip_threshold=0",
     )
     _require(
-        p.pipeline_parallel_degree == 1,
-        f"{key} with parallelism.pipeline_parallel_degree={p.pipeline_parallel_degree}: torch's pipeline schedule "
-        "first runs each stage on uninitialized buffers to learn its shapes (before the first step and after each "
-        "validation), and their logits would be recorded with the step's; use pipeline_parallel_degree=1 or "
-        "optimizer.muon_clip_threshold=0",
-    )
-    _require(
         not config.fault_tolerance.enable,
         f"{key} with fault_tolerance.enable=true: each replica group would decide the clip on its own tokens' logits "
         "and the groups' weights would drift apart; set optimizer.muon_clip_threshold=0 or "

@@ -7,12 +7,15 @@ The attention modules record their heads' maxima while the step runs (forward, m
 here they are placed in one [slots, heads] table, each rank writing the heads it holds (tensor parallelism splits
 them in contiguous blocks), reduced with MAX over the world (data-parallel ranks saw other tokens), and each rank
 rescales its shard of every parameter: the factors are built whole and cut as the parameter is (FSDP's and tensor
-parallelism's row shards alike). Pipeline parallelism is refused (config/validate.py): torch's schedule runs each
-stage on uninitialized buffers to learn its shapes, whose logits would be recorded. No host sync: a head under the
+parallelism's row shards alike). Pipeline parallelism: torch's schedule first runs each stage on made-up inputs to
+learn its shapes (before the first step, after each validation); what those forwards record is dropped
+(`records_kept`, run around them by ParallelModel.guard_metadata_inference). No host sync: a head under the
 threshold is multiplied by exactly 1.
 """
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import torch
 import torch._dynamo
@@ -62,6 +65,16 @@ class QKClip:
     def start_step(self) -> None:
         for _, module in self.attentions:
             module.max_logit = None
+
+    @contextlib.contextmanager
+    def records_kept(self) -> Iterator[None]:
+        """The step's records as they were before the block: what forwards inside it record is dropped."""
+        kept = [(module, module.max_logit) for _, module in self.attentions]
+        try:
+            yield
+        finally:
+            for module, value in kept:
+                module.max_logit = value
 
     @torch.no_grad()
     def after_optimizer_step(self) -> dict[str, torch.Tensor]:
@@ -125,6 +138,9 @@ class NoQKClip:
 
     def start_step(self) -> None:
         pass
+
+    def records_kept(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def after_optimizer_step(self) -> dict[str, torch.Tensor]:
         return {}

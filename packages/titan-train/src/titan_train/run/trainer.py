@@ -104,6 +104,7 @@ class Trainer:
             self.model_parts, config.optimizer.muon_clip_threshold, self.model_args, env.device,
             self.dims.local_rank("tp"),
         )  # fmt: skip
+        self.parallel_model.guard_metadata_inference(self.qk_clip.records_kept)
         self.qk_clip_metrics: dict[str, torch.Tensor] = {}  # the last step's max_logit and max_logit/layer_<i>
         # Each micro-batch's share of the step's loss, 1 / accumulation or by labelled tokens (loss_weights.py).
         self.loss_weights = loss_weights_for(t.dataset, self.dims)
