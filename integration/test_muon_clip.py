@@ -8,7 +8,9 @@ belong to, decided on the maxima of all ranks.
 Tried: with the rescale switched off the clipped reference equals the unclipped run, which the last assertion
 refuses; with the trainer's guard around torch's metadata inference switched off, llama3_pp2 fails on the largest
 logits (the made-up inputs' count; what they hold is chance, so the interleaved case passed). That the guard also
-covers the inference after each validation is counted in titan-parallel's test_pipeline (metadata_guard cases)."""
+covers the inference after each validation is counted in titan-parallel's test_pipeline (metadata_guard cases).
+With the ring's keys_for_max_logit switched off (each rank's queries against its own keys only), the three eager
+CP cases fail."""
 
 import functools
 
@@ -22,6 +24,7 @@ MODEL = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local
          "--optimizer.muon_ns_dtype", "float32", "--lr_scheduler.warmup_steps", "1"]  # fmt: skip
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+CP2 = ["--parallelism.context_parallel_degree", "2"]
 PP_BATCH = ("--training.local_batch_size", "4")  # 4 micro-batches of 1
 VALIDATE_EVERY_STEP = ("--validation.enable", "true", "--validation.freq", "1", "--validation.steps", "1")
 # (id, model, world size, data-parallel degree, options the reference shares, options)
@@ -37,6 +40,14 @@ CASES = [
     ("llama3_pp2", "llama3", 2, 1, PP_BATCH, PP2),
     ("llama3_pp2_interleaved_validation", "llama3", 2, 1, (*PP_BATCH, *VALIDATE_EVERY_STEP),
      [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    # Each rank's queries against every rank's keys (Titan's ring gathers them), in their global positions.
+    ("llama3_cp2_block_causal", "llama3", 2, 1, ("--model.attention_mask", "block_causal"), CP2),
+    ("deepseek_v3_cp2", "deepseek_v3", 2, 1, (), CP2),  # MLA
+    # Compiled blocks (fullgraph): the gather of the keys is one opaque op.
+    ("llama3_cp2_compile", "llama3", 2, 1, (), [*CP2, "--compile.enable", "true", "--compile.backend", "aot_eager"]),
+    # A sliding window on every other layer, sinks; aux-loss-free balancing: the batch aux loss is each rank's own
+    # tokens' under CP (test_moe_parity.py's CP cases balance so too).
+    ("gpt_oss_cp2", "gpt_oss", 2, 1, ("--moe.load_balance", "aux_loss_free"), CP2),
 ]  # fmt: skip
 
 

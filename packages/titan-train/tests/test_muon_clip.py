@@ -134,8 +134,15 @@ def test_off_by_default_and_nothing_recorded(tmp_path):
             r"optimizer.muon_clip_threshold=100.0 is MuonClip's, an option of Muon, but optimizer.name='AdamW'",
         ),
         (
-            ["--optimizer.muon_clip_threshold", "100", "--parallelism.context_parallel_degree", "2"],
-            r"with parallelism.context_parallel_degree=2",
+            [
+                "--optimizer.muon_clip_threshold",
+                "100",
+                "--parallelism.context_parallel_degree",
+                "2",
+                "--parallelism.context_parallel_implementation",
+                "torch",
+            ],
+            r"with parallelism.context_parallel_implementation='torch'",
         ),
         (
             ["--optimizer.muon_clip_threshold", "100", "--fault_tolerance.enable", "true"],

@@ -10,6 +10,7 @@ import torch
 
 from titan_models.decoder import DecoderArgs, MLAArgs
 from titan_models.decoder.attention import Attention
+from titan_models.decoder.attention_kernels import visible
 from titan_models.decoder.max_logit import head_max_logits
 from titan_models.decoder.mla import MultiHeadLatentAttention
 from titan_models.decoder.rope import precompute_freqs_cis
@@ -54,6 +55,35 @@ def test_head_max_logits_in_chunks_of_queries(monkeypatch, causal):
     monkeypatch.setattr(max_logit, "SCORES_PER_CHUNK", 2 * 3 * 9 * 2)
     chunked = [head_max_logits(q, k, 0.5, causal=causal), head_max_logits(q, k, 0.5, document_ids=documents)]
     torch.testing.assert_close(chunked, whole)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_head_max_logits_of_a_share_of_the_queries_against_every_key(window):
+    """A context-parallel rank's record: its queries (the load-balanced chunks 0 and 3 of 4, or 1 and 2) in their
+    global positions against every key equal the dense masked scores' maximum over its rows (documents and window
+    included); the two ranks' maxima's max is the whole sequence's."""
+    q, k = torch.randn(2, 3, 8, 4), torch.randn(2, 3, 8, 4)
+    documents = torch.tensor([[0] * 3 + [1] * 5, [0] * 8])
+    at = torch.arange(8)
+    keep = visible(at[:, None], at[None, :], documents[:, :, None], documents[:, None, :], True, window)
+    scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(~keep[:, None], float("-inf"))
+    shares = []
+    for rows in (torch.tensor([0, 1, 6, 7]), torch.tensor([2, 3, 4, 5])):
+        shares.append(
+            head_max_logits(
+                q[:, :, rows],
+                k,
+                0.5,
+                document_ids=documents[:, rows],
+                positions=rows,
+                window=window,
+                key_positions=at,
+                key_document_ids=documents,
+            )  # fmt: skip
+        )
+        torch.testing.assert_close(shares[-1], scores[:, :, rows].amax(dim=(0, 2, 3)), **TOL)
+    whole = head_max_logits(q, k, 0.5, document_ids=documents, window=window)
+    torch.testing.assert_close(torch.maximum(*shares), whole)
 
 
 TINY = DecoderArgs(dim=16, n_layers=1, n_heads=4, n_kv_heads=4, vocab_size=32, max_seq_len=16)

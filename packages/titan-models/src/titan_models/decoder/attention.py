@@ -13,10 +13,10 @@ from titan_models.decoder.attention_kernels import choose_kernel
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
 from titan_models.decoder.max_logit import (
     QKClipUpdate,
-    head_max_logits,
     linear_updates,
     norm_updates,
     per_head_rows,
+    record_head_max_logits,
     running_max,
 )
 from titan_models.decoder.rope import apply_rotary_emb
@@ -94,7 +94,9 @@ class Attention(nn.Module):
         if self.record_max_logit:
             scale = getattr(self.inner_attention, "scale", None) or self.head_dim**-0.5
             window, at = self.sliding_window, positions if self.sliding_window is not None else None
-            logits = head_max_logits(q, k, scale, document_ids=document_ids, positions=at, window=window)
+            logits = record_head_max_logits(
+                self.inner_attention, q, k, scale, document_ids=document_ids, positions=at, window=window
+            )
             self.max_logit = running_max(self.max_logit, logits)
         # document_ids only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
         # Sinks and the window's positions go by keyword only where they exist: a swapped-in kernel that knows

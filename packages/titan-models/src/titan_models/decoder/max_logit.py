@@ -27,36 +27,67 @@ def head_max_logits(
     positions: torch.Tensor | None = None,
     window: int | None = None,
     causal: bool = True,
+    key_positions: torch.Tensor | None = None,
+    key_document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """max over batch, queries and the keys each query attends of (q . k) * scale, per query head: [heads], float32.
 
-    q [bs, heads, seqlen, d]; k [bs, heads or kv_heads, seqlen, d] (query head h reads key head h // (heads //
+    q [bs, heads, seqlen, d]; k [bs, heads or kv_heads, keys, d] (query head h reads key head h // (heads //
     kv_heads)), both after RoPE. The mask is the kernels' own (attention_kernels.visible): causal, documents
-    (document_ids [bs, seqlen]) and a window measured in `positions` ([seqlen] or [bs, seqlen]; None: 0..seqlen-1)."""
+    (document_ids [bs, seqlen]) and a window measured in `positions` ([seqlen] or [bs, seqlen]; None: 0..seqlen-1).
+    The keys' positions and documents are the queries' unless given (`key_positions`, `key_document_ids`: keys that
+    are not the queries' own, e.g. the whole sequence of which a context-parallel rank holds the queries)."""
     bs, heads, seqlen, _ = q.shape
+    n_keys = k.shape[2]
     k = k.repeat_interleave(heads // k.shape[1], dim=1) if k.shape[1] != heads else k
     # Causal over 0..seqlen-1: a chunk of queries reads no key after its last one.
-    ordered = causal and positions is None
+    ordered = causal and positions is None and key_positions is None
     if positions is None:
         positions = torch.arange(seqlen, device=q.device)
     positions = positions.expand(bs, seqlen) if positions.dim() == 1 else positions
+    key_positions = positions if key_positions is None else key_positions.expand(bs, n_keys)
+    key_document_ids = document_ids if key_document_ids is None else key_document_ids
     k32 = k.float().transpose(-1, -2)
     best = torch.full((heads,), float("-inf"), device=q.device)
-    chunk = max(1, SCORES_PER_CHUNK // (bs * heads * seqlen))
+    chunk = max(1, SCORES_PER_CHUNK // (bs * heads * n_keys))
     for start in range(0, seqlen, chunk):
-        rows, keys = slice(start, start + chunk), slice(0, min(start + chunk, seqlen) if ordered else seqlen)
+        rows, keys = slice(start, start + chunk), slice(0, min(start + chunk, seqlen) if ordered else n_keys)
         scores = torch.matmul(q[:, :, rows].float(), k32[..., keys]) * scale
         keep = visible(
             positions[:, rows, None],
-            positions[:, None, keys],
+            key_positions[:, None, keys],
             None if document_ids is None else document_ids[:, rows, None],
-            None if document_ids is None else document_ids[:, None, keys],
+            None if document_ids is None else key_document_ids[:, None, keys],
             causal,
             window,
         )
         scores.masked_fill_(~keep.unsqueeze(1), float("-inf"))
         best = torch.maximum(best, scores.amax(dim=(0, 2, 3)))
     return best
+
+
+def record_head_max_logits(
+    kernel: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    *,
+    document_ids: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """head_max_logits over every key the queries attend, where the attention module's kernel `kernel` runs them. A
+    kernel that holds only part of the sequence (context parallelism's ring) names the rest: its
+    `keys_for_max_logit(k, document_ids)` returns (every key, the queries' positions, the keys' positions, the keys'
+    documents), the positions global."""
+    whole = getattr(kernel, "keys_for_max_logit", None)
+    if whole is None:
+        return head_max_logits(q, k, scale, document_ids=document_ids, positions=positions, window=window)
+    keys, query_positions, key_positions, key_documents = whole(k, document_ids)
+    return head_max_logits(
+        q, keys, scale, document_ids=document_ids, positions=query_positions, window=window,
+        key_positions=key_positions, key_document_ids=key_documents,
+    )  # fmt: skip
 
 
 def running_max(recorded: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:

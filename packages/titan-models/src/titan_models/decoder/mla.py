@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from titan_models.decoder.layers import RMSNorm, ScaledDotProductAttention
-from titan_models.decoder.max_logit import QKClipUpdate, head_max_logits, linear_updates, per_head_rows, running_max
+from titan_models.decoder.max_logit import (
+    QKClipUpdate,
+    linear_updates,
+    per_head_rows,
+    record_head_max_logits,
+    running_max,
+)
 from titan_models.decoder.rope import apply_rotary_emb, softmax_scale_factor
 from titan_models.seeded_init import SeededInit
 
@@ -68,7 +74,8 @@ class MultiHeadLatentAttention(nn.Module):
         q, k, v = self.project(x, freqs_cis)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.record_max_logit:
-            logits = head_max_logits(q, k, self.inner_attention.scale, document_ids=document_ids)
+            logits = record_head_max_logits(self.inner_attention, q, k, self.inner_attention.scale,
+                                            document_ids=document_ids)  # fmt: skip
             self.max_logit = running_max(self.max_logit, logits)
         out = self.inner_attention(q, k, v) if document_ids is None else self.inner_attention(q, k, v, document_ids)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))

@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from titan_parallel.cp.linear_attention_cp import SWAPS as LINEAR_ATTENTION_SWAPS
 from titan_parallel.cp.ring_attention import VARIANTS, ring_attention_by_name
 from titan_parallel.cp.ring_comm import cp_group
+from titan_parallel.cp.whole_sequence import in_global_order, whole_sequence
 from titan_parallel.params.module_patterns import fqn_matches
 
 IMPLEMENTATIONS = ("titan", "torch")
@@ -65,13 +66,9 @@ def shard_sequence(
 def unshard_sequence(tensor: torch.Tensor, cp_mesh: DeviceMesh | dist.ProcessGroup, seq_dim: int = 1) -> torch.Tensor:
     """The whole sequence from every rank's shard, in global order (a collective; not differentiable)."""
     group = cp_group(cp_mesh)
-    cp = dist.get_world_size(group)
-    shards = [torch.empty_like(tensor) for _ in range(cp)]
+    shards = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(shards, tensor.contiguous(), group=group)
-    chunks = [None] * (2 * cp)
-    for rank, shard in enumerate(shards):
-        chunks[rank], chunks[2 * cp - 1 - rank] = shard.chunk(2, dim=seq_dim)
-    return torch.cat(chunks, dim=seq_dim)
+    return in_global_order(shards, seq_dim)
 
 
 class RingAttention(nn.Module):
@@ -91,7 +88,7 @@ class RingAttention(nn.Module):
         super().__init__()
         group = cp_group(cp_mesh)
         # Plain values, resolved here outside any compiled region: the op takes the group by name.
-        self.group_name, self.cp = group.group_name, dist.get_world_size(group)
+        self.group_name, self.cp, self.rank = group.group_name, dist.get_world_size(group), dist.get_rank(group)
         self.is_causal, self.variant, self.kernel, self.scale = is_causal, variant, kernel, scale
         self.sliding_window = sliding_window
         """Keys a query sees, itself included, in global positions (None: no window); kept from the swapped module."""
@@ -124,6 +121,18 @@ class RingAttention(nn.Module):
             self.sliding_window,
             sinks,
         )
+
+    def keys_for_max_logit(
+        self, k: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """For QK-clip's record (titan_models.decoder.max_logit.record_head_max_logits): every rank's keys in global
+        order, this rank's queries' global positions, the keys' positions and their documents. A collective over the
+        ring's group, outside autograd."""
+        length = k.shape[2] * self.cp
+        keys = whole_sequence(k.detach(), self.group_name, self.cp, 2)
+        documents = None if document_ids is None else whole_sequence(document_ids, self.group_name, self.cp, 1)
+        positions = load_balanced_positions(length, self.cp, self.rank, k.device)
+        return keys, positions, torch.arange(length, device=k.device), documents
 
     def extra_repr(self) -> str:
         window = "" if self.sliding_window is None else f", sliding_window={self.sliding_window}"

@@ -318,10 +318,10 @@ def _validate_muon_clip(config: JobConfig) -> None:
         "optimizer.muon_clip_threshold=0",
     )
     _require(
-        p.context_parallel_degree == 1,
-        f"{key} with parallelism.context_parallel_degree={p.context_parallel_degree}: the largest logit is recorded "
-        "from a rank's own queries and keys, and ring attention holds the other keys on other ranks; use "
-        "context_parallel_degree=1 or optimizer.muon_clip_threshold=0",
+        p.context_parallel_degree == 1 or p.context_parallel_implementation == "titan",
+        f"{key} with parallelism.context_parallel_implementation={p.context_parallel_implementation!r}: the largest "
+        "logit is scored against every rank's keys, which Titan's ring attention gathers for it and torch's does "
+        "not; use context_parallel_implementation='titan' or optimizer.muon_clip_threshold=0",
     )
     _require(
         not config.fault_tolerance.enable,

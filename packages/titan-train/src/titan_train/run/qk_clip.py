@@ -9,8 +9,9 @@ them in contiguous blocks), reduced with MAX over the world (data-parallel ranks
 rescales its shard of every parameter: the factors are built whole and cut as the parameter is (FSDP's and tensor
 parallelism's row shards alike). Pipeline parallelism: torch's schedule first runs each stage on made-up inputs to
 learn its shapes (before the first step, after each validation); what those forwards record is dropped
-(`records_kept`, run around them by ParallelModel.guard_metadata_inference). No host sync: a head under the
-threshold is multiplied by exactly 1.
+(`records_kept`, run around them by ParallelModel.guard_metadata_inference). Context parallelism: Titan's ring
+gathers every rank's keys for the record (titan_models.decoder.max_logit.record_head_max_logits). No host sync: a
+head under the threshold is multiplied by exactly 1.
 """
 
 import contextlib
