@@ -86,6 +86,31 @@ def test_groups_of_tp_or_pp_train_as_one_run_with_twice_the_data_parallel_ranks(
             torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_muon_clip_groups_clip_by_the_maximum_of_both_and_train_as_one_run(tmp_path):
+    """MuonClip with a threshold under every head's logits, so each step scales every head by tau / its maximum
+    of the step: two groups of one rank against one run of data parallel 2 on the same global batch. Their losses,
+    largest logits and weights agree only if both groups clip by the maximum over both groups' tokens
+    (ReplicaGroups.maximum); switched off, each group clips by its own and the weights drift apart (tried: fails)."""
+    args = [*TINY, "--optimizer.name", "Muon", "--optimizer.muon_ns_dtype", "float32",
+            "--optimizer.muon_clip_threshold", "0.01", "--training.steps", "4"]  # fmt: skip
+    groups = run_groups(args, tmp_path / "ft", nproc=1)
+    for group in groups:
+        assert group.proc.returncode == 0, group.output[-4000:]
+    plain = tmp_path / "plain"
+    proc = run_script("ft_driver.py", [f"{plain}.pt", *args, "--job.dump_folder", str(plain)], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    expected = rows(plain)
+    assert all(r["max_logit"] > 0.01 for r in expected)  # every step clipped
+    reference = final_state(plain)["model"]
+    for group in groups:
+        got = rows(group.dump)
+        assert [r["replicas"] for r in got] == ["2/2"] * 4
+        for key in ("loss", "max_logit"):
+            assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], rel=1e-5), key
+        for name, value in final_state(group.dump)["model"].items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_the_lowest_group_writes_the_checkpoints_and_a_whole_job_restart_resumes_from_them(tmp_path, straight):
     folder = tmp_path / "checkpoint"  # shared by the groups
     args = [*TINY, "--checkpoint.enable", "true", "--checkpoint.interval", "2", "--checkpoint.folder", str(folder)]

@@ -145,10 +145,6 @@ def test_off_by_default_and_nothing_recorded(tmp_path):
             r"with parallelism.context_parallel_implementation='torch'",
         ),
         (
-            ["--optimizer.muon_clip_threshold", "100", "--fault_tolerance.enable", "true"],
-            r"with fault_tolerance.enable=true",
-        ),
-        (
             ["--optimizer.muon_clip_threshold", "100", "--lora.enable", "true"],
             r"with lora.enable=true",
         ),

@@ -324,12 +324,6 @@ def _validate_muon_clip(config: JobConfig) -> None:
         "not; use context_parallel_implementation='titan' or optimizer.muon_clip_threshold=0",
     )
     _require(
-        not config.fault_tolerance.enable,
-        f"{key} with fault_tolerance.enable=true: each replica group would decide the clip on its own tokens' logits "
-        "and the groups' weights would drift apart; set optimizer.muon_clip_threshold=0 or "
-        "fault_tolerance.enable=false",
-    )
-    _require(
         not config.lora.enable,
         f"{key} with lora.enable=true: the query and key projections QK-clip rescales are LoRA's frozen base; "
         "set optimizer.muon_clip_threshold=0",

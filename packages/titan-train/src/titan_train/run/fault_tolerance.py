@@ -51,6 +51,9 @@ class SingleGroup:
     def average(self, value: float) -> float:
         return value
 
+    def maximum(self, tensor: torch.Tensor) -> None:
+        pass
+
     def should_commit(self) -> bool:
         return True
 
@@ -224,6 +227,14 @@ class ReplicaGroups:
         tensor = torch.tensor([value], dtype=torch.float64)
         self.manager.allreduce(tensor).wait()
         return tensor.item()
+
+    def maximum(self, tensor: torch.Tensor) -> None:
+        """`tensor` <- its elementwise maximum over the live groups (QK-clip's largest logits: one decision in every
+        group, as their weights must stay equal); with local_sgd / diloco, this group's own. A group healing this
+        step sends zeros (torchft's rule for a group that does not participate): a maximum it joins is never below
+        0, which changes no decision (a clip threshold is positive)."""
+        if self._per_step:
+            self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.MAX).wait()
 
     def should_commit(self) -> bool:
         if not self._per_step:

@@ -5,7 +5,8 @@ gamma = tau / S_max (the model names the rows: titan_models.decoder.max_logit).
 
 The attention modules record their heads' maxima while the step runs (forward, micro-batch after micro-batch);
 here they are placed in one [slots, heads] table, each rank writing the heads it holds (tensor parallelism splits
-them in contiguous blocks), reduced with MAX over the world (data-parallel ranks saw other tokens), and each rank
+them in contiguous blocks), reduced with MAX over the world (data-parallel ranks saw other tokens) and over the live
+replica groups (fault_tolerance.enable, per-step: their weights must stay equal) before the step commits, and each rank
 rescales its shard of every parameter: the factors are built whole and cut as the parameter is (FSDP's and tensor
 parallelism's row shards alike). Pipeline parallelism: torch's schedule first runs each stage on made-up inputs to
 learn its shapes (before the first step, after each validation); what those forwards record is dropped
@@ -66,6 +67,7 @@ class QKClip:
     def start_step(self) -> None:
         for _, module in self.attentions:
             module.max_logit = None
+        self.table = None
 
     @contextlib.contextmanager
     def records_kept(self) -> Iterator[None]:
@@ -78,10 +80,17 @@ class QKClip:
                 module.max_logit = value
 
     @torch.no_grad()
+    def end_forwards(self, replicas) -> None:
+        """After the step's forwards, before it commits (a replica group failing during the reduction redoes the
+        step): the table of the step's maxima over every rank and the live replica groups (`replicas.maximum`)."""
+        self.table = self.gather_max_logits()
+        replicas.maximum(self.table)
+
+    @torch.no_grad()
     def after_optimizer_step(self) -> dict[str, torch.Tensor]:
         """Rescale the heads over the threshold; returns the step's largest logit per layer ("max_logit/layer_<i>",
         before the rescale) and over all layers ("max_logit"), as tensors (read on the steps that log)."""
-        table = self.gather_max_logits()
+        table = self.table
         gamma = torch.where(table > self.threshold, self.threshold / table, torch.ones_like(table))
         # sharded_params: under SimpleFSDP a module's weight reads as a gathered copy; the stored shard is written.
         with sharded_params():
@@ -142,6 +151,9 @@ class NoQKClip:
 
     def records_kept(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def end_forwards(self, replicas) -> None:
+        pass
 
     def after_optimizer_step(self) -> dict[str, torch.Tensor]:
         return {}

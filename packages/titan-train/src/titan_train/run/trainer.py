@@ -176,6 +176,7 @@ class Trainer:
             loss = sum(model.forward_backward(*batch, scale) for batch, scale in zip(batches, scales, strict=True))
             self.replicas.average_gradients(model.parameters())
             grad_norm = model.clip_grad_norm_(self.config.training.max_norm)
+            self.qk_clip.end_forwards(self.replicas)
             # The reported loss is the main one (with MTP forward_backward returns main + lambda x MTP).
             loss, self.mtp_metrics = self.mtp_loss.reported(loss, scales, self._mean, model.from_last_stage)
             loss = self._mean(loss)
