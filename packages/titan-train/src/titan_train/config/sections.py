@@ -40,9 +40,8 @@ class Model:
     and output head; their loss joins the training loss weighted by training.mtp_loss_weight. 0: none. "auto": the
     flavor's: none for a named flavor; for hf:<folder>, the MTP layers its config.json declares
     (num_nextn_predict_layers) and its weights hold, loaded from the folder. On such a folder 0 drops them (logged)
-    and another number is refused. Decoder families only; trains on one process and under FSDP/HSDP/DDP, with the
-    plain loss (training.loss_chunk_tokens "auto" turns chunking off); pipeline, context, tensor and expert
-    parallelism are refused for now."""
+    and another number is refused. Decoder families only; on every layout (FSDP/HSDP/DDP, tensor, expert, context
+    and pipeline parallelism: the zero-bubble schedules are refused) and with the chunked loss (docs/training.md)."""
     tokenizer_path: str = ""
     """tokenizer.json (or a folder holding one); empty uses the tokenizer shipped with titan-train."""
     attention_mask: Literal["causal", "block_causal"] = "causal"
