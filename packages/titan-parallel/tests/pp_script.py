@@ -58,8 +58,6 @@ def run_case(
 
     micro_batch = LOCAL_BATCH // accumulation  # each pipeline step sees this many sequences
     plan = plan_pipeline(schedule, pp, pp_toy.block_fqns(), micro_batch)
-    with torch.device("meta"):
-        meta = pp_toy.ToyModel()
 
     def parallelize(part):
         part_blocks = [f"layers.{key}" for key in part.layers]
@@ -74,10 +72,7 @@ def run_case(
         part.to_empty(device="cpu")
         copy_weights(part, reference)
 
-    pipeline = build_pipeline(
-        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
-        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=parallelize,
-    )  # fmt: skip
+    pipeline = toy_pipeline(plan, pp_mesh, parallelize)
     optimizer = torch.optim.SGD(list(pipeline.parameters()), lr=LR)
     assert pipeline.gather(pp_rank) == list(range(pp))
 
@@ -113,23 +108,28 @@ def run_case(
         check_checkpoint(pipeline.model_parts, reference, checkpoint_dir)
 
 
+def toy_pipeline(plan, pp_mesh, parallelize):
+    """This rank's stages of the toy model (built on the meta device), each passed through `parallelize`."""
+    with torch.device("meta"):
+        meta = pp_toy.ToyModel()
+    return build_pipeline(
+        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
+        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=parallelize,
+    )  # fmt: skip
+
+
 def run_guard_case(schedule: str, pp_mesh) -> None:
     """Pipeline.guard_metadata_inference: a forward hook on each stage notes whether the guard was on. Over a
     training step, an evaluation and a training step again (torch learns the shapes before the first and again
     after each switch), the forwards outside the guard are exactly the micro-batches', and the guard saw some."""
     plan = plan_pipeline(schedule, pp_mesh.size(), pp_toy.block_fqns(), LOCAL_BATCH)
-    with torch.device("meta"):
-        meta = pp_toy.ToyModel()
     reference = pp_toy.build_model()
 
     def parallelize(part):
         part.to_empty(device="cpu")
         copy_weights(part, reference)
 
-    pipeline = build_pipeline(
-        meta, plan, pp_mesh, torch.device("cpu"), pp_toy.cross_entropy,
-        input_fqns=pp_toy.INPUT_FQNS, output_fqns=pp_toy.OUTPUT_FQNS, parallelize_stage=parallelize,
-    )  # fmt: skip
+    pipeline = toy_pipeline(plan, pp_mesh, parallelize)
     guarded, seen = [False], []
 
     @contextlib.contextmanager

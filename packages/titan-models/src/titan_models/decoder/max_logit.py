@@ -67,27 +67,18 @@ def head_max_logits(
 
 
 def record_head_max_logits(
-    kernel: torch.nn.Module,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    scale: float,
-    *,
-    document_ids: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    window: int | None = None,
+    kernel: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, scale: float, **mask
 ) -> torch.Tensor:
-    """head_max_logits over every key the queries attend, where the attention module's kernel `kernel` runs them. A
-    kernel that holds only part of the sequence (context parallelism's ring) names the rest: its
-    `keys_for_max_logit(k, document_ids)` returns (every key, the queries' positions, the keys' positions, the keys'
-    documents), the positions global."""
+    """head_max_logits over every key the queries attend (`mask`: its document_ids, positions, window), where the
+    attention module's kernel `kernel` runs them. A kernel that holds only part of the sequence (context
+    parallelism's ring) names the rest: its `keys_for_max_logit(k, document_ids)` returns (every key, the queries'
+    positions, the keys' positions, the keys' documents), the positions global."""
     whole = getattr(kernel, "keys_for_max_logit", None)
     if whole is None:
-        return head_max_logits(q, k, scale, document_ids=document_ids, positions=positions, window=window)
-    keys, query_positions, key_positions, key_documents = whole(k, document_ids)
-    return head_max_logits(
-        q, keys, scale, document_ids=document_ids, positions=query_positions, window=window,
-        key_positions=key_positions, key_document_ids=key_documents,
-    )  # fmt: skip
+        return head_max_logits(q, k, scale, **mask)
+    keys, query_positions, key_positions, key_documents = whole(k, mask.get("document_ids"))
+    mask = {**mask, "positions": query_positions, "key_positions": key_positions, "key_document_ids": key_documents}
+    return head_max_logits(q, keys, scale, **mask)
 
 
 def running_max(recorded: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
