@@ -189,3 +189,23 @@ def test_output_gate_and_values_are_kept():
     mla(x, freqs)
     clip(mla, float(mla.max_logit.min()) / 2)
     assert torch.equal(mla.wkv_b.weight.view(4, 8, -1)[:, 4:], values)
+
+
+def test_a_kernel_holding_part_of_the_sequence_is_asked_for_the_key_heads_only():
+    """record_head_max_logits asks a kernel with `keys_for_max_logit` (context parallelism's ring) for the keys: a
+    grouped-query layer hands it its 2 key heads, not the 4 repeated ones (what the ring gathers over ranks), and
+    the record equals the hand computation."""
+    module, x, freqs = build(ATTENTIONS["gqa"])
+    asked = []
+
+    def keys_for_max_logit(k, document_ids=None):
+        asked.append(tuple(k.shape))
+        at = torch.arange(k.shape[2])
+        return k, at, at, document_ids
+
+    module.inner_attention.keys_for_max_logit = keys_for_max_logit
+    module.record_max_logit = True
+    with torch.no_grad():
+        module(x, freqs)
+    assert asked == [(2, 2, 6, TINY.dim // TINY.n_heads)]
+    torch.testing.assert_close(module.max_logit, logits_by_hand(module, x, freqs), **TOL)

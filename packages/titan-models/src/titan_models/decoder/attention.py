@@ -85,19 +85,20 @@ class Attention(nn.Module):
         bs, seqlen, _ = x.shape
         xq, xk, xv, gate = self._project(x, freqs_cis)
 
+        if self.record_max_logit:  # on the key heads before their repeat: under CP the record gathers fewer keys
+            scale = getattr(self.inner_attention, "scale", None) or self.head_dim**-0.5
+            window, at = self.sliding_window, positions if self.sliding_window is not None else None
+            logits = record_head_max_logits(
+                self.inner_attention, xq.transpose(1, 2), xk.transpose(1, 2), scale, document_ids=document_ids,
+                positions=at, window=window,
+            )  # fmt: skip
+            self.max_logit = running_max(self.max_logit, logits)
         # Repeat K/V explicitly rather than SDPA's enable_gqa, so every SDPA backend and context-parallel
         # ring attention see equal head counts.
         n_rep = xq.shape[2] // xk.shape[2]
         xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
         q, k, v = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
-        if self.record_max_logit:
-            scale = getattr(self.inner_attention, "scale", None) or self.head_dim**-0.5
-            window, at = self.sliding_window, positions if self.sliding_window is not None else None
-            logits = record_head_max_logits(
-                self.inner_attention, q, k, scale, document_ids=document_ids, positions=at, window=window
-            )
-            self.max_logit = running_max(self.max_logit, logits)
         # document_ids only when given: a swapped-in kernel (context parallelism) need not know the keyword otherwise.
         # Sinks and the window's positions go by keyword only where they exist: a swapped-in kernel that knows
         # neither (context parallelism's ring) then fails loudly on them rather than computing without them.

@@ -38,8 +38,10 @@ def head_max_logits(
     The keys' positions and documents are the queries' unless given (`key_positions`, `key_document_ids`: keys that
     are not the queries' own, e.g. the whole sequence of which a context-parallel rank holds the queries)."""
     bs, heads, seqlen, _ = q.shape
-    n_keys = k.shape[2]
-    k = k.repeat_interleave(heads // k.shape[1], dim=1) if k.shape[1] != heads else k
+    key_heads, n_keys = k.shape[1], k.shape[2]
+    # Query heads grouped by the key head they read: [bs, key_heads, heads / key_heads, seqlen, d], the keys never
+    # repeated (under context parallelism they are the whole sequence's).
+    q = q.unflatten(1, (key_heads, heads // key_heads))
     # Causal over 0..seqlen-1: a chunk of queries reads no key after its last one.
     ordered = causal and positions is None and key_positions is None
     if positions is None:
@@ -47,12 +49,12 @@ def head_max_logits(
     positions = positions.expand(bs, seqlen) if positions.dim() == 1 else positions
     key_positions = positions if key_positions is None else key_positions.expand(bs, n_keys)
     key_document_ids = document_ids if key_document_ids is None else key_document_ids
-    k32 = k.float().transpose(-1, -2)
+    k32 = k.float().transpose(-1, -2).unsqueeze(2)
     best = torch.full((heads,), float("-inf"), device=q.device)
     chunk = max(1, SCORES_PER_CHUNK // (bs * heads * n_keys))
     for start in range(0, seqlen, chunk):
         rows, keys = slice(start, start + chunk), slice(0, min(start + chunk, seqlen) if ordered else n_keys)
-        scores = torch.matmul(q[:, :, rows].float(), k32[..., keys]) * scale
+        scores = torch.matmul(q[:, :, :, rows].float(), k32[..., keys]) * scale
         keep = visible(
             positions[:, rows, None],
             key_positions[:, None, keys],
@@ -61,8 +63,8 @@ def head_max_logits(
             causal,
             window,
         )
-        scores.masked_fill_(~keep.unsqueeze(1), float("-inf"))
-        best = torch.maximum(best, scores.amax(dim=(0, 2, 3)))
+        scores.masked_fill_(~keep[:, None, None], float("-inf"))
+        best = torch.maximum(best, scores.amax(dim=(0, 3, 4)).flatten())
     return best
 
 

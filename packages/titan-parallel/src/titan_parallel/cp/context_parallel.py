@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from titan_parallel.cp.linear_attention_cp import SWAPS as LINEAR_ATTENTION_SWAPS
 from titan_parallel.cp.ring_attention import VARIANTS, ring_attention_by_name
 from titan_parallel.cp.ring_comm import cp_group
-from titan_parallel.cp.whole_sequence import in_global_order, whole_sequence
+from titan_parallel.cp.whole_sequence import whole_sequence
 from titan_parallel.params.module_patterns import fqn_matches
 
 IMPLEMENTATIONS = ("titan", "torch")
@@ -66,9 +66,7 @@ def shard_sequence(
 def unshard_sequence(tensor: torch.Tensor, cp_mesh: DeviceMesh | dist.ProcessGroup, seq_dim: int = 1) -> torch.Tensor:
     """The whole sequence from every rank's shard, in global order (a collective; not differentiable)."""
     group = cp_group(cp_mesh)
-    shards = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(shards, tensor.contiguous(), group=group)
-    return in_global_order(shards, seq_dim)
+    return whole_sequence(tensor.detach(), group.group_name, dist.get_world_size(group), seq_dim)
 
 
 class RingAttention(nn.Module):
