@@ -1,11 +1,14 @@
 """Expert parallelism: the token dispatch and apply_ep on 2 and 4 gloo ranks (ep_script.py, one launch each),
 the expert-parallel mesh and its checks in one process."""
 
+import itertools
+import random
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiprocess.py beside the tests (importlib mode)
 
@@ -34,9 +37,38 @@ def test_rows_arrive_source_major_and_leave_expert_major():
     assert expert_major_order([[0, 0], [0, 0]]).tolist() == []
 
 
+def test_the_order_equals_the_blocks_taken_expert_by_expert_in_a_few_ops_whatever_the_number_of_experts():
+    generator, ops = random.Random(0), {}
+    for ep, local in [(1, 1), (2, 3), (4, 5), (8, 16)]:
+        received = [[generator.choice([0, 1, 2, 7]) for _ in range(local)] for _ in range(ep)]
+        starts = list(itertools.accumulate([size for row in received for size in row], initial=0))
+        blocks = [list(range(starts[r * local + j], starts[r * local + j] + received[r][j]))
+                  for j in range(local) for r in range(ep)]  # fmt: skip
+        with _CountedOps() as counted:
+            order = expert_major_order(received)
+        assert order.tolist() == [row for block in blocks for row in block], received
+        ops[ep, local] = counted.ops
+    # A GPU launches each op: 128 experts on 8 ranks must not mean 128 ranges and a cat per MoE layer.
+    assert max(ops.values()) <= 8, ops
+
+
 def test_a_dry_run_routes_every_rank_evenly():
     sent, received = balanced_split_sizes(torch.empty(10, 4), torch.zeros(4), torch.zeros(2, 2))
     assert sent == [6, 4] and received == [[3, 3], [3, 3]]
+    rows, counts, exchanged = torch.empty(1000, 4), torch.zeros(128), torch.zeros(8, 16)
+    with _CountedOps() as counted:  # a dry run simulates every op: host arithmetic only
+        sent, received = balanced_split_sizes(rows, counts, exchanged)
+    assert counted.ops == 0
+    share = [len(part) for part in torch.arange(1000).tensor_split(128)]
+    assert received == [share[:16]] * 8 and sent == [sum(share[r * 16 : (r + 1) * 16]) for r in range(8)]
+
+
+class _CountedOps(TorchDispatchMode):
+    ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 def test_expert_parallel_ranks_come_from_data_and_context_ranks():
