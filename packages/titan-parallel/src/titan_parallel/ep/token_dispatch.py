@@ -18,10 +18,13 @@ run, whose tensors hold no data, puts balanced routing in their place there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+from titan_parallel.mesh.near_equal import near_equal_sizes
 
 
 @dataclass
@@ -51,16 +54,10 @@ def balanced_split_sizes(rows: torch.Tensor, counts: torch.Tensor, received: tor
     """What `split_sizes` would read if every expert got the same share of every rank's rows (a dry run's
     stand-in: its counts hold no data). Host arithmetic only: a dry run simulates every tensor op it is given."""
     ep, local = received.shape
-    share = _even_parts(rows.shape[0], ep * local)
+    share = near_equal_sizes(rows.shape[0], ep * local)
     per_rank = [sum(share[r * local : (r + 1) * local]) for r in range(ep)]
     mine = share[:local]
     return per_rank, [mine] * ep
-
-
-def _even_parts(total: int, parts: int) -> list[int]:
-    """The sizes `torch.tensor_split` gives `total` rows cut into `parts`: the first `total % parts` one larger."""
-    base, larger = divmod(total, parts)
-    return [base + 1 if i < larger else base for i in range(parts)]
 
 
 def expert_major_order(received: list[list[int]], device: torch.device | None = None) -> torch.Tensor:
@@ -68,17 +65,13 @@ def expert_major_order(received: list[list[int]], device: torch.device | None = 
     the block sizes in a fixed handful of ops (one range shifted block by block), not one per (rank, expert)
     block: an MoE layer of 128 experts on 8 ranks would otherwise launch 128 ranges and a cat per forward."""
     ep, local = len(received), len(received[0]) if received else 0
-    source_starts, position = [], 0
-    for row in received:
-        source_starts.append([])
-        for size in row:
-            source_starts[-1].append(position)
-            position += size
+    # The start of block (r, j) among the source-major rows: the sizes before it, rank by rank.
+    source_starts = list(accumulate((size for row in received for size in row), initial=0))
     sizes, shifts, destination = [], [], 0
     for j in range(local):
         for r in range(ep):
             sizes.append(received[r][j])
-            shifts.append(source_starts[r][j] - destination)  # where the block's rows sit minus where they go
+            shifts.append(source_starts[r * local + j] - destination)  # where the block's rows sit minus where they go
             destination += received[r][j]
     if destination == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)

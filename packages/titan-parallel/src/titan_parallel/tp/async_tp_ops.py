@@ -24,9 +24,12 @@ from whole tensors, reduced over the group once before the first chunk).
 """
 
 from functools import partial
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
+
+from titan_parallel.mesh.near_equal import near_equal_sizes
 
 WAIT_LABEL = "async_tp::wait"
 """The profiler label of the time spent waiting on a chunk's collective (the exposed communication)."""
@@ -73,13 +76,8 @@ def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
     """(start, length) of `chunks` near-equal parts of `rows` rows (the first `rows % chunks` one longer)."""
     if not 1 <= chunks <= rows:
         raise ValueError(f"cannot split {rows} sequence rows per rank into chunks={chunks}; use 1 to {rows} chunks")
-    size, extra = divmod(rows, chunks)
-    bounds, start = [], 0
-    for j in range(chunks):
-        length = size + (j < extra)
-        bounds.append((start, length))
-        start += length
-    return bounds
+    lengths = near_equal_sizes(rows, chunks)
+    return list(zip(accumulate(lengths[:-1], initial=0), lengths, strict=True))
 
 
 def _rank_blocks(full: torch.Tensor, world: int) -> torch.Tensor:
