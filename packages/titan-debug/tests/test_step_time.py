@@ -52,6 +52,36 @@ def test_a_storage_keeps_its_own_key_while_freed_ones_make_room_for_new_ones():
     assert len(written) == 65 and len(set(written)) == 65
 
 
+def test_a_device_query_is_recorded_as_the_general_path_records_it(monkeypatch):
+    """A fake tensor's device is asked through the dispatcher (here by autograd's engine): OpTrace records
+    those queries on a short path, which must record what `_trace` would, op for op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from titan_debug import op_trace
+
+    def step():
+        with FakeTensorMode():
+            w = torch.randn(8, 8, requires_grad=True)
+            (torch.randn(4, 8, dtype=torch.bfloat16) @ w.bfloat16()).float().sum().backward()
+
+    general = []
+    traced_generally = op_trace.OpTrace._trace
+
+    def counting(self, func, *rest):
+        general.append(str(func))
+        return traced_generally(self, func, *rest)
+
+    monkeypatch.setattr(op_trace.OpTrace, "_trace", counting)
+    with OpTrace() as short:
+        step()
+    queries = [op for op in short.ops if op.name == "prim.device.default"]
+    assert queries and "prim.device.default" not in general  # the short path taken
+    monkeypatch.setattr(op_trace, "_DEVICE_QUERY", None)
+    with OpTrace() as long:
+        step()
+    assert short.ops == long.ops
+
+
 def test_a_bf16_matmul_is_timed_at_the_bf16_rate_or_by_its_bytes():
     a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16)
     (op,) = traced(torch.mm, a, b)

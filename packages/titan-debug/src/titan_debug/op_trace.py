@@ -105,8 +105,21 @@ class OpTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.ops.append(self._trace(func, args, kwargs, out))
+        if func is _DEVICE_QUERY:
+            self.ops.append(self._trace_device_query(args[0]))
+        else:
+            self.ops.append(self._trace(func, args, kwargs, out))
         return out
+
+    def _trace_device_query(self, tensor: torch.Tensor) -> TracedOp:
+        """What `_trace` records of `prim.device` (a free op reading its tensor), without binding arguments: a
+        fake or wrapper tensor's device is asked through the dispatcher (by autograd's engine, FSDP, DTensor)
+        for about half the ops of a dry run's step."""
+        local = _local(tensor)
+        phase = self.labels.current_phase() if self.labels is not None else ""
+        stream = self.labels.current_stream() if self.labels is not None else "default"
+        dtype = local.dtype if local.dtype.is_floating_point else None
+        return TracedOp(_DEVICE_QUERY_NAME, phase, stream, 0, 0, dtype, self._storage_keys([local]), ())
 
     def _trace(self, func, args, kwargs, out) -> TracedOp:
         name = str(func)
@@ -149,6 +162,8 @@ class OpTrace(TorchDispatchMode):
 
 
 _WRITTEN_ARGUMENTS = ("output_tensor", "output", "tensors", "output_tensors")
+_DEVICE_QUERY = torch.ops.prim.device.default
+_DEVICE_QUERY_NAME = str(_DEVICE_QUERY)
 
 
 def _operand_dtype(bound: dict, inputs: list[torch.Tensor]) -> torch.dtype | None:
