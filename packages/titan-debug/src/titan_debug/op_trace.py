@@ -116,15 +116,17 @@ class OpTrace(TorchDispatchMode):
         fake or wrapper tensor's device is asked through the dispatcher (by autograd's engine, FSDP, DTensor)
         for about half the ops of a dry run's step."""
         local = _local(tensor)
-        phase = self.labels.current_phase() if self.labels is not None else ""
-        stream = self.labels.current_stream() if self.labels is not None else "default"
         dtype = local.dtype if local.dtype.is_floating_point else None
-        return TracedOp(_DEVICE_QUERY_NAME, phase, stream, 0, 0, dtype, self._storage_keys([local]), ())
+        return TracedOp(_DEVICE_QUERY_NAME, *self._phase_and_stream(), 0, 0, dtype, self._storage_keys([local]), ())
+
+    def _phase_and_stream(self) -> tuple[str, str]:
+        if self.labels is None:
+            return "", "default"
+        return self.labels.current_phase(), self.labels.current_stream()
 
     def _trace(self, func, args, kwargs, out) -> TracedOp:
         name = str(func)
-        phase = self.labels.current_phase() if self.labels is not None else ""
-        stream = self.labels.current_stream() if self.labels is not None else "default"
+        phase, stream = self._phase_and_stream()
         bound = _bind(func, tree_map(_local, args), tree_map(_local, kwargs))
         inputs = [t for t in tree_leaves(list(bound.values())) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(tree_map(_local, out)) if isinstance(t, torch.Tensor)]
