@@ -69,7 +69,7 @@ from titan_debug.step_time import predict as predict_step_time  # `predict` alon
 from titan_debug.throughput import Throughput, ThroughputWindow
 from titan_debug.wandb_logger import WandbWriter
 
-__version__ = "0.16.0"
+__version__ = "0.16.1"
 
 __all__ = [
     "ATTENTION_EFFICIENCY",
