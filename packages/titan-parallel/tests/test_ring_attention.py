@@ -15,7 +15,8 @@ from multiprocess import launch  # noqa: E402
 
 from titan_parallel import apply_cp, load_balanced_positions
 from titan_parallel.cp.attention_block import block_backward, block_forward
-from titan_parallel.cp.ring_attention import _merge, sub_blocks
+from titan_parallel.cp.ring_attention import _merge
+from titan_parallel.cp.ring_blocks import sub_blocks
 
 SCRIPT = Path(__file__).with_name("cp_script.py")
 MODEL_CASES = {

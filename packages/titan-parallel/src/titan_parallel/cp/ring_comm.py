@@ -1,5 +1,6 @@
-"""Communication for ring attention: the ring's point-to-point hop, and the all-gather / reduce-scatter of
-the all-gather variant. Several tensors travel packed in one flat buffer, so a hop is one message."""
+"""Communication for ring attention: the ring's point-to-point hop, the all-gather / reduce-scatter of the
+all-gather variant, and the one gather of every rank's document ids. Several tensors travel packed in one flat
+buffer, so a hop is one message."""
 
 from __future__ import annotations
 
@@ -97,3 +98,12 @@ def reduce_scatter_sum(stacked: torch.Tensor, group: dist.ProcessGroup) -> torch
     out = torch.empty(stacked.shape[1:], dtype=stacked.dtype, device=stacked.device)
     dist.reduce_scatter_single(out, stacked.reshape(-1), group=group)
     return out
+
+
+def gather_documents(document_ids: torch.Tensor | None, group: dist.ProcessGroup) -> list[torch.Tensor] | None:
+    """Every rank's document ids [B, S_local], in rank order (None without document masking)."""
+    if document_ids is None:
+        return None
+    everyone = [torch.empty_like(document_ids) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, document_ids.contiguous(), group=group)
+    return everyone
