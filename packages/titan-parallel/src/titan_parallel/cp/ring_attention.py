@@ -120,8 +120,17 @@ def ring_attention_by_name(
     return out
 
 
-def _blocks(buffer: torch.Tensor, group: dist.ProcessGroup, variant: str):
-    return Ring(group).blocks(buffer) if variant == "p2p" else gathered_blocks(buffer, group)
+def _visited_blocks(q, k, v, group: dist.ProcessGroup, variant: str, causal: bool, document_ids, window):
+    """Every rank's K/V block as it reaches this rank, own first: (source rank, its k, its v, the pieces of it
+    this rank computes as (SubBlock, mask))."""
+    rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
+    documents = gather_documents(document_ids, group)
+    buffer = pack(k, v)
+    arriving = Ring(group).blocks(buffer) if variant == "p2p" else gathered_blocks(buffer, group)
+    for source, kv in arriving:
+        pieces = sub_blocks(rank, source, cp, causal, q.shape[2], window)
+        masked = ((block, block_mask(documents, window, rank, source, block, q.device)) for block in pieces)
+        yield source, *unpack(kv, shapes), [(block, mask) for block, mask in masked if mask is not False]
 
 
 # Custom ops rather than an autograd.Function: torch.compile (fullgraph) and selective activation
@@ -141,17 +150,11 @@ def _ring_forward(
     sinks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     group = _resolve_process_group(group_name)
-    rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
-    documents = gather_documents(document_ids, group)
     # Every query row sees at least itself, so after all blocks no lse is -inf; the merge starts from "no key".
     out = _output_like(q, v, torch.float32, torch.zeros_like)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
-    for source, kv in _blocks(pack(k, v), group, variant):
-        kb, vb = unpack(kv, shapes)
-        for block in sub_blocks(rank, source, cp, causal, q.shape[2], window):
-            mask = block_mask(documents, window, rank, source, block, q.device)
-            if mask is False:
-                continue
+    for _, kb, vb, pieces in _visited_blocks(q, k, v, group, variant, causal, document_ids, window):
+        for block, mask in pieces:
             rows, cols = block.rows, block.cols
             block_out, block_lse = block_forward(
                 q[:, :, rows], kb[:, :, cols], vb[:, :, cols], block.causal, scale, _kernel(kernel, mask), mask=mask
@@ -194,17 +197,12 @@ def _ring_backward(
     window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     group = _resolve_process_group(group_name)
-    rank, cp, shapes = dist.get_rank(group), dist.get_world_size(group), (k.shape, v.shape)
-    documents = gather_documents(document_ids, group)
+    shapes = (k.shape, v.shape)
     dq = torch.zeros_like(q, dtype=torch.float32)  # q's strides, as the fake kernel promises
     grads = _GradRing(group, shapes, q.device) if variant == "p2p" else _GradGather(group, shapes, q.device)
-    for source, kv in _blocks(pack(k, v), group, variant):
-        kb, vb = unpack(kv, shapes)
+    for source, kb, vb, pieces in _visited_blocks(q, k, v, group, variant, causal, document_ids, window):
         shares = []  # (key rows, dk, dv) of this block; none at all still passes the accumulator on
-        for block in sub_blocks(rank, source, cp, causal, q.shape[2], window):
-            mask = block_mask(documents, window, rank, source, block, q.device)
-            if mask is False:
-                continue
+        for block, mask in pieces:
             rows, cols = block.rows, block.cols
             dq_b, dk_b, dv_b = block_backward(
                 dout[:, :, rows],
