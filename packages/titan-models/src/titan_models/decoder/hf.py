@@ -297,23 +297,21 @@ class DecoderHFAdapter:
 
     def to_hf_tensor(self, fqn: str, tensor: torch.Tensor) -> torch.Tensor:
         """Our tensor `fqn` (for a stacked expert weight: one expert's slice) in Hugging Face's layout."""
-        if self.stacked_hf_keys(fqn) is not None:
-            return tensor.t()
-        n_heads = self._rotary_heads(fqn)
-        if n_heads is None:
-            return tensor
-        flat = tensor.reshape(tensor.shape[0], -1)
-        return _interleaved_to_halves(flat, n_heads, self._rope_dim()).reshape(tensor.shape)
+        return self._relayout(fqn, tensor, _interleaved_to_halves)
 
     def from_hf_tensor(self, hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
-        fqn = self.from_hf_key(hf_key)
+        return self._relayout(self.from_hf_key(hf_key), tensor, _halves_to_interleaved)
+
+    def _relayout(self, fqn: str, tensor: torch.Tensor, permute_rope_rows) -> torch.Tensor:
+        """`tensor` of `fqn` in the other layout: an expert's slice transposed, a query/key weight's rotary rows
+        permuted (`permute_rope_rows`: one direction or the other), anything else as it is."""
         if self.stacked_hf_keys(fqn) is not None:
             return tensor.t()
         n_heads = self._rotary_heads(fqn)
         if n_heads is None:
             return tensor
         flat = tensor.reshape(tensor.shape[0], -1)
-        return _halves_to_interleaved(flat, n_heads, self._rope_dim()).reshape(tensor.shape)
+        return permute_rope_rows(flat, n_heads, self._rope_dim()).reshape(tensor.shape)
 
     def _rope_dim(self) -> int:
         """Rows RoPE turns in each head of a permuted tensor, its first ones: the whole query/key head, or its first
