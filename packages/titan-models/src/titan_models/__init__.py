@@ -23,7 +23,7 @@ from titan_models.llama3 import Llama3Args, Llama3HFAdapter, RopeScaling, YarnSc
 from titan_models.plan import ModelPlan
 from titan_models.registry import ModelSpec, get_model_spec, list_models, register_model
 
-__version__ = "0.23.1"
+__version__ = "0.23.2"
 
 __all__ = [
     "Decoder",

@@ -1,3 +1,3 @@
 """Titan's trainer: config, data, tokenizer, optimizer, LR schedule and the training loop."""
 
-__version__ = "0.34.0"
+__version__ = "0.34.1"
