@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import nox
@@ -61,15 +62,32 @@ nox.options.sessions = ["lint", "tests", "integration", "packaging", "lower_boun
 KEEP_VENVS = os.environ.get("TITAN_NOX_KEEP_VENVS") == "1"
 
 
+# Where each session's wall time and each pytest run's JUnit report (every case's time) go when set: .ci/run sets it
+# and prints tools/ci_timings.py's report of them at its end, so the suite's growth shows in every CI log.
+TIMINGS = os.environ.get("TITAN_CI_TIMINGS")
+
+
+def _record_time(session: nox.Session, started: float, outcome: str) -> None:
+    if TIMINGS:
+        with open(Path(TIMINGS) / "sessions.tsv", "a") as log:
+            log.write(f"{session.name}\t{time.monotonic() - started:.1f}\t{outcome}\n")
+
+
 def session(*args, **kwargs):
-    """nox.session, with the session's venv removed when it ends unless KEEP_VENVS."""
+    """nox.session, with the session's venv removed when it ends unless KEEP_VENVS, and its wall time recorded
+    (TIMINGS)."""
 
     def decorate(func):
         @functools.wraps(func)
         def run(session: nox.Session, **params):
+            started, outcome = time.monotonic(), "passed"
             try:
                 func(session, **params)
+            except BaseException as stop:  # a failed command, session.skip and session.error end it by raising
+                outcome = {"_SessionSkip": "skipped"}.get(type(stop).__name__, "failed")
+                raise
             finally:
+                _record_time(session, started, outcome)
                 location = getattr(session.virtualenv, "location", None)
                 if not KEEP_VENVS and location:
                     shutil.rmtree(location, ignore_errors=True)
@@ -115,12 +133,17 @@ def _install(session: nox.Session, *packages: str, extras: str = "test") -> None
 
 def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
     # pytest exits 5 when it collected nothing; nox fails on every non-zero code, so an empty run fails.
+    report = []
+    if TIMINGS:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", session.name)
+        report = [f"--junitxml={Path(TIMINGS) / f'{name}-{time.time_ns()}.xml'}", "-o", f"junit_suite_name={name}"]
     session.run(
         "python",
         "-m",
         "pytest",
         "-p",
         "no:cacheprovider",
+        *report,
         *args,
         *session.posargs,
         env={"OMP_NUM_THREADS": "1", **(env or {})},
