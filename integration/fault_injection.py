@@ -17,6 +17,8 @@ from pathlib import Path
 
 from launch_helpers import ROOT, _env
 
+TORCHRUN = Path(__file__).resolve().parent / "torchrun_test_grace.py"
+
 
 def children(pid: int) -> list[int]:
     """Direct children of `pid` (Linux /proc)."""
@@ -77,7 +79,8 @@ def run_with_fault(
 ) -> Outcome:
     """Run titan_train under torchrun and send `sig` to rank `victim_rank` once `after_step` is logged (and
     `when()` holds, if given), in the first attempt only. Returns the torchrun exit code and its output."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    # torchrun, with a test-sized grace before it SIGKILLs a stopped worker (torchrun_test_grace.py)
+    torchrun = [sys.executable, str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}",
                 f"--max-restarts={max_restarts}", "--monitor-interval=0.2", *extra_torchrun]  # fmt: skip
     cmd = [*torchrun, "-m", "titan_train", *args]
     log = dump_folder.parent / f"{dump_folder.name}.torchrun.log"

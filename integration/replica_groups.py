@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fault_injection import logged_steps, worker_pid
+from fault_injection import TORCHRUN, logged_steps, worker_pid
 from launch_helpers import ROOT, _env
 
 DRIVER = Path(__file__).resolve().parent / "ft_driver.py"
@@ -67,7 +67,7 @@ def start_group(replica_id: int, groups: int, args: list[str], root: Path, light
                 pause_before_quorum: bool = False) -> Group:  # fmt: skip
     dump = root / f"group{replica_id}"
     log = root / f"group{replica_id}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.2", str(DRIVER), f"{dump}.pt", *args,
            "--job.dump_folder", str(dump), "--fault_tolerance.enable", "true",
            "--fault_tolerance.group_size", str(groups), "--fault_tolerance.replica_id", str(replica_id)]  # fmt: skip

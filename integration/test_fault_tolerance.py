@@ -95,7 +95,7 @@ def test_kill9_during_an_async_save_never_loads_the_partial_checkpoint(tmp_path,
     assert_same_training(dump, uninterrupted)
 
 
-@pytest.mark.slow  # about a minute: torchrun gives a stopped worker 30 s to answer SIGTERM before SIGKILL
+@pytest.mark.slow  # torchrun gives a stopped worker a grace to answer SIGTERM before SIGKILL: 3 s here (30 s its own)
 def test_hung_rank_fails_the_group_within_the_timeout_dumps_and_resumes(tmp_path, uninterrupted):
     dump = tmp_path / "run"
     start = time.monotonic()
