@@ -106,12 +106,15 @@ def _pip_find_links() -> list[str]:
 
 
 # uv reads none of pip's settings: the CPU torch wheel is found only where pip's find-links say (without them a
-# CUDA build would come from the index, as with pip). And uv compiles to bytecode only when told: pip does, and
-# where PYTHONDONTWRITEBYTECODE is set (CI machines) each test process would otherwise compile torch as it imports it.
+# CUDA build would come from the index, as with pip).
 _FIND_LINKS = [] if "UV_FIND_LINKS" in os.environ else _pip_find_links()
 if _FIND_LINKS:
     os.environ["UV_FIND_LINKS"] = ",".join(_FIND_LINKS)  # uv's list is comma-separated, pip's by spaces
-os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# Bytecode is written as modules are first imported, not compiled for every file at install: compiling all of torch
+# (and transformers) took 20-35 s of each session's setup on a 2-core machine, ten sessions a run, while a test
+# process imports a part of them. Where PYTHONDONTWRITEBYTECODE is set (CI machines) nothing would be written and
+# every test process would compile what it imports again, so the sessions' commands run without it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _torch_installs(constraints: str = CONSTRAINTS) -> list[list[str]]:
