@@ -38,9 +38,10 @@ SIBLINGS = {
 # integration's run 2 to 8 ranks each but spend much of their time starting processes and waiting (rendezvous,
 # heartbeats, timeouts): measured on a quiet 2-core machine, 407 cases took 28.5 min on two workers against
 # ~38 on one. loadfile keeps a file's tests, and its module-scoped fixtures, in one worker. Cases marked
-# `serial` (a measurement that another worker's load would skew) run after, alone. titan-parallel's cases launch
-# 2-8 ranks each, which already keep both cores busy: two workers measured 239 s against 244 on one.
-PARALLEL_TESTS = {"titan-models", "titan-train", "integration"}
+# `serial` (a measurement that another worker's load would skew) run after, alone. titan-parallel's multi-rank
+# cases keep both cores busy, but on a cold inductor cache its compiled single-process cases (SimpleFSDP's
+# bucketing, compile parity: 473 s on one worker, a third of it compiling) leave one idle: two workers.
+PARALLEL_TESTS = {"titan-models", "titan-parallel", "titan-train", "integration"}
 WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
 # Float8Linear offers its matmuls to titan-parallel's async TP by a duck-typed protocol, tested with both.

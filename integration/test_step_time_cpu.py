@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOLERANCE = 0.35
+# What the model leaves out (Python's and the dispatcher's time per op, two ranks sharing the cores' memory) is
+# machine-dependent: ratios 0.92-0.96 in docs/dry-run.md's run, 0.64-0.77 (fsdp2) and 0.72-0.77 (one process)
+# over two runs each on a 2-core AVX-512 Xeon (2026-12-07), where 0.35 failed once. A model that lost the backward or
+# the communication would be off by a factor of 2 or more.
+TOLERANCE = 0.40
 
 
 @pytest.mark.slow
