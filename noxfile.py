@@ -396,9 +396,9 @@ SIBLING_FREE_TESTS = [
     "test_tokenizer.py",
 ]
 # The tests lower_bound runs when the interface titan-train uses is the same in the lowest siblings as in the tree
-# (RELEASING.md): a run end to end on each model family and layout kind the siblings build (the trainer, its
-# checkpoints and resume, the HF folders, generation, LoRA, MTP and Muon), titan-train's own unit tests
-# that drive sibling code, in a few minutes, not the whole suite again.
+# (RELEASING.md): the trainer end to end (dense, MoE with EP, Qwen3-Next under TP, Hyena), checkpoints and resume,
+# HF folders, generation, LoRA, MTP, Muon, validation, the memory-lean path and a dry run on fake ranks: what of the
+# siblings titan-train drives, in about a minute on two workers, not its whole suite again.
 SIBLING_INTERFACE_TESTS = [
     "test_train.py",
     "test_checkpointing.py",
@@ -406,10 +406,14 @@ SIBLING_INTERFACE_TESTS = [
     "test_model_source.py",
     "test_generate_cli.py",
     "test_lora.py",
+    "test_lora_checkpoints.py",
     "test_mtp_train.py",
     "test_muon.py",
     "test_hyena_train.py",
-    "test_plan.py",
+    "test_qwen3_next_tensor_parallel.py",
+    "test_dry_run_qwen3_next.py",
+    "test_memory_lean.py",
+    "test_validation.py",
 ]
 
 
