@@ -20,6 +20,7 @@ import importlib
 import inspect
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,10 @@ class Use:
     name: str  # "" for the module itself
     where: list[str] = field(default_factory=list)  # file:line of each import or call
     keywords: dict[str, str] = field(default_factory=dict)  # keyword -> the first file:line passing it
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.name}" if self.name else self.module
 
 
 def _is_sibling(module: str) -> bool:
@@ -95,6 +100,15 @@ def _resolve(use: Use) -> object:
         return importlib.import_module(f"{use.module}.{use.name}")  # `from package import submodule`
 
 
+def _resolved(uses: list[Use]) -> Iterator[tuple[Use, object, Exception | None]]:
+    """Each use with what it names here, or the error that says it is missing."""
+    for use in uses:
+        try:
+            yield use, _resolve(use), None
+        except (ImportError, AttributeError) as missing:
+            yield use, None, missing
+
+
 def _signature(found: object) -> inspect.Signature | None:
     if inspect.ismodule(found) or not callable(found):
         return None
@@ -106,34 +120,28 @@ def _signature(found: object) -> inspect.Signature | None:
 
 def problems(uses: list[Use]) -> list[str]:
     found_problems = []
-    for use in uses:
-        label = f"{use.module}.{use.name}" if use.name else use.module
-        try:
-            found = _resolve(use)
-        except (ImportError, AttributeError) as missing:
-            found_problems.append(f"{label} (used at {use.where[0]}): not in the installed sibling ({missing})")
+    for use, found, missing in _resolved(uses):
+        if missing is not None:
+            found_problems.append(f"{use.label} (used at {use.where[0]}): not in the installed sibling ({missing})")
             continue
         signature = _signature(found)
         if signature is None or any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
             continue
         for keyword, where in use.keywords.items():
             if keyword not in signature.parameters:
-                found_problems.append(f"{label}{signature} takes no keyword {keyword!r} (passed at {where})")
+                found_problems.append(f"{use.label}{signature} takes no keyword {keyword!r} (passed at {where})")
     return found_problems
 
 
 def fingerprint(uses: list[Use]) -> list[str]:
     lines = []
-    for use in uses:
-        label = f"{use.module}.{use.name}" if use.name else use.module
-        try:
-            found = _resolve(use)
-        except (ImportError, AttributeError):
-            lines.append(f"{label} missing")
+    for use, found, missing in _resolved(uses):
+        if missing is not None:
+            lines.append(f"{use.label} missing")
             continue
         signature = _signature(found)
         kind = "module" if inspect.ismodule(found) else type(found).__name__
-        described = f"{label} {kind}{'' if signature is None else signature}"
+        described = f"{use.label} {kind}{'' if signature is None else signature}"
         lines.append(re.sub(r" at 0x[0-9a-f]+", "", described))  # a default's repr may hold an address
     return lines
 
