@@ -75,7 +75,7 @@ from titan_parallel.tp.parameter_shard import ShardParameters
 from titan_parallel.tp.shared_input import SharedInputParallel
 from titan_parallel.tp.tensor_parallel import apply_tp, check_tp_degree, loss_context
 
-__version__ = "0.29.4"
+__version__ = "0.29.5"
 
 __all__ = [
     "ACGranularity",
