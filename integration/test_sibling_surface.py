@@ -20,9 +20,9 @@ class Config:
 """
 
 
-def check(tmp_path, trainer_source: str, what: str = "check") -> subprocess.CompletedProcess:
+def check(tmp_path, trainer_source: str, what: str = "check", sibling: str = SIBLING) -> subprocess.CompletedProcess:
     (tmp_path / "site" / "titan_float8").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "site" / "titan_float8" / "__init__.py").write_text(SIBLING)
+    (tmp_path / "site" / "titan_float8" / "__init__.py").write_text(sibling)
     (tmp_path / "src" / "titan_train").mkdir(parents=True, exist_ok=True)
     (tmp_path / "src" / "titan_train" / "use.py").write_text(textwrap.dedent(trainer_source))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
@@ -77,10 +77,5 @@ def test_the_fingerprint_changes_with_a_used_signature(tmp_path):
     source = "from titan_float8 import convert\n"
     before = check(tmp_path, source, "fingerprint").stdout
     assert "titan_float8.convert function(model, *, recipe='tensorwise')" in before
-    global SIBLING
-    SIBLING, kept = SIBLING.replace('recipe="tensorwise"', 'recipe="rowwise"'), SIBLING
-    try:
-        after = check(tmp_path, source, "fingerprint").stdout
-    finally:
-        SIBLING = kept
+    after = check(tmp_path, source, "fingerprint", SIBLING.replace('recipe="tensorwise"', 'recipe="rowwise"')).stdout
     assert after != before
