@@ -1,6 +1,7 @@
 """`titan-train --dry-run --world-size N`: the real model, parallelize path and training steps on a fake process
 group and fake tensors, one simulated rank per rank class; the per-class memory report."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -441,15 +442,20 @@ def table_why(line: str) -> str:
     return line.rsplit("|", 2)[-2].strip()
 
 
-# About a minute: 48 blocks of 128 experts, simulated op by op for two steps.
+DEPTH = 4
+"""Blocks of the 30B recipe's dry run below: its 48 are alike (each 128 experts), so a rank's state is per block
+plus the embedding and head; all 48, simulated op by op for two steps, took 127 s of a 2-core CI machine (what a
+deeper model adds per block is test_shallow_depth.py's subject)."""
+
+
 def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
     """configs/qwen3_30b_a3b.toml on 16 GPUs (experts EP 8 x FSDP 2, the rest FSDP 16; shorter sequences
-    than the recipe's, which leave the state alone): each rank holds a sixteenth of the 30.5B float32
-    parameters (the 128 experts of each layer included), their gradients and two AdamW moments, as counted
-    by hand from the flavor's shape."""
+    than the recipe's, which leave the state alone; DEPTH of its blocks): each rank holds a sixteenth of the
+    float32 parameters (the 128 experts of each block included), their gradients and two AdamW moments, as
+    counted by hand from the flavor's shape, whose 48 blocks make the 30.5B."""
     config = str(ROOT / "configs/qwen3_30b_a3b.toml")
     report = _dry_run(tmp_path, "--config", config, "--world-size", "16", "--training.seq_len", "256",
-                      "--training.local_batch_size", "1")  # fmt: skip
+                      "--training.local_batch_size", "1", "--model.n_layers", str(DEPTH))  # fmt: skip
     (entry,) = report["rank_classes"]
     assert (report["experts"]["expert_parallel_degree"], report["experts"]["expert_fsdp_degree"]) == (8, 2)
     spec = get_model_spec("qwen3_moe")
@@ -460,11 +466,14 @@ def test_the_qwen3_30b_a3b_recipe_holds_exactly_its_sharded_state(tmp_path):
         + 2 * args.head_dim + 2 * args.dim  # q/k norms, the two block norms
         + args.dim * moe.num_experts + 3 * moe.num_experts * args.dim * moe.hidden_dim  # router, experts
     )  # fmt: skip
-    by_hand = args.n_layers * per_layer + 2 * args.vocab_size * args.dim + args.dim
-    assert by_hand == _parameter_count(spec, args) and abs(by_hand / 30.5e9 - 1) < 0.005
+    once = 2 * args.vocab_size * args.dim + args.dim  # embedding, head, final norm
+    full = args.n_layers * per_layer + once
+    assert full == _parameter_count(spec, args) and abs(full / 30.5e9 - 1) < 0.005
+    by_hand = DEPTH * per_layer + once
     assert entry["params_gib"] * GIB == by_hand * 4 / 16
     assert entry["grads_gib"] == entry["params_gib"]
-    assert entry["optimizer_gib"] * GIB == 2 * entry["params_gib"] * GIB + 4 * _parameter_tensors(spec, args)
+    depth = dataclasses.replace(args, n_layers=DEPTH)
+    assert entry["optimizer_gib"] * GIB == 2 * entry["params_gib"] * GIB + 4 * _parameter_tensors(spec, depth)
 
 
 def test_expert_parallel_with_tensor_parallel_reports_where_each_expert_lives(tmp_path, capsys):
