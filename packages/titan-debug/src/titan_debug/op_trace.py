@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 # op name prefix -> collective kind ("c10d.allgather_" covers "c10d.allgather_into_tensor_coalesced_" too).
 _COLLECTIVES = (
@@ -125,24 +125,26 @@ class OpTrace(TorchDispatchMode):
         return self.labels.current_phase(), self.labels.current_stream()
 
     def _trace(self, func, args, kwargs, out) -> TracedOp:
-        name = str(func)
+        facts = _facts(func)
+        name = facts.name
         phase, stream = self._phase_and_stream()
-        bound = _bind(func, tree_map(_local, args), tree_map(_local, kwargs))
+        bound = dict(zip(facts.argument_names, _unwrapped(args), strict=False))
+        bound.update(_unwrapped(kwargs))
         inputs = [t for t in tree_leaves(list(bound.values())) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in tree_leaves(tree_map(_local, out)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(_unwrapped(out)) if isinstance(t, torch.Tensor)]
         # c10d's in-place collectives write their buffer arguments (and may return only a Work).
         written = [t for k in _WRITTEN_ARGUMENTS for t in tree_leaves(bound.get(k)) if isinstance(t, torch.Tensor)]
         reads, writes = self._storage_keys(inputs), self._storage_keys(outputs + written)
         floating = _operand_dtype(bound, inputs)
-        cost = self.costs.get(str(func._overloadpacket))
+        cost = self.costs.get(facts.packet)
         if cost is not None:
             flops, collective = cost(bound)
             nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
             return TracedOp(name, phase, stream, flops, nbytes, floating, reads, writes, collective)
-        collective = _collective(name, bound, inputs, outputs)
-        if collective is not None or _moves_nothing(func, name):
+        collective = _collective(name, bound, inputs, outputs) if facts.is_collective else None
+        if collective is not None or facts.moves_nothing:
             return TracedOp(name, phase, stream, 0, 0, floating, reads, writes, collective)
-        flops = matmul_flops(str(func._overloadpacket), bound)
+        flops = matmul_flops(facts.packet, bound)
         nbytes = sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outputs)
         return TracedOp(name, phase, stream, flops, nbytes, floating, reads, writes)
 
@@ -178,11 +180,47 @@ def _operand_dtype(bound: dict, inputs: list[torch.Tensor]) -> torch.dtype | Non
     return next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
 
 
-def _bind(func, args, kwargs) -> dict:
-    """The op's arguments by their schema names (defaults left out)."""
-    bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-    bound.update(kwargs)
-    return bound
+@dataclass(frozen=True)
+class _OpFacts:
+    """What `_trace` needs of an op that its arguments do not change, worked out once per op (a dry run's step
+    dispatches tens of thousands of ops, a few hundred distinct ones)."""
+
+    name: str
+    packet: str  # the overload packet's name ("aten.mm"): FLOPs and opaque costs are by packet
+    argument_names: tuple[str, ...]  # by schema position
+    moves_nothing: bool
+    is_collective: bool
+
+
+_FACTS: dict = {}
+
+
+def _facts(func) -> _OpFacts:
+    facts = _FACTS.get(func)
+    if facts is None:
+        name = str(func)
+        facts = _OpFacts(
+            name,
+            str(func._overloadpacket),
+            tuple(a.name for a in func._schema.arguments),
+            _moves_nothing(func, name),
+            any(name.startswith(prefix) for prefix, _ in _COLLECTIVES),
+        )
+        _FACTS[func] = facts
+    return facts
+
+
+def _unwrapped(x):
+    """`x` with each tensor in it (nested in lists, tuples and dicts) replaced by its `_local` tensor: what
+    pytree's tree_map(_local, x) gives, a tuple subclass (an op's named return) as a plain tuple, at a fraction
+    of the cost (it runs on every argument of every op)."""
+    if isinstance(x, torch.Tensor):
+        return _local(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_unwrapped, x)) if type(x) in (list, tuple) else tuple(map(_unwrapped, x))
+    if isinstance(x, dict):
+        return {k: _unwrapped(v) for k, v in x.items()}
+    return x
 
 
 def _local(x):
