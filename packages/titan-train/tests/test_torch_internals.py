@@ -177,7 +177,6 @@ def test_drop_weak_cache_entries_removes_weak_value_and_weak_id_key_entries_only
     assert weakref.getweakrefs(tensor) == [plain]  # a ref in no cache stays
 
 
-
 def test_the_tables_one_call_found_serve_the_next_without_walking_the_heap(monkeypatch):
     first, second = torch.zeros(2), torch.zeros(2)
     values = weakref.WeakValueDictionary()
@@ -188,6 +187,7 @@ def test_the_tables_one_call_found_serve_the_next_without_walking_the_heap(monke
     monkeypatch.setattr(ti.gc, "get_referrers", lambda *refs: pytest.fail("walked the heap"))
     ti.drop_weak_cache_entries(weakref.getweakrefs(second), tables)
     assert len(values) == 0
+
 
 # FSDP2's communication streams
 
