@@ -20,8 +20,8 @@ from applied_checks import assert_layout_applied
 from launch_helpers import read_metrics, run_script, run_titan
 from test_parallel_parity import FP32, MODEL, assert_parity
 
-# The whole held-out split (64k tokens), in local batches of 8 sequences: about 125 global batches on one data-parallel rank
-# (500 of 2 sequences took TP 2 three times as long, to the same end).
+# The whole held-out split (64k tokens), in local batches of 8 sequences: about 125 global batches on one
+# data-parallel rank (500 of 2 sequences took TP 2 three times as long, to the same end).
 VALIDATION = ["--validation.enable", "true", "--validation.steps", "-1", "--training.steps", "2",
               "--training.local_batch_size", "8"]  # fmt: skip
 VALIDATION_CASES = [
