@@ -130,7 +130,7 @@ def drop_weak_cache_entries(refs: list, tables: list[dict] | None = None) -> Non
     if not refs:
         return
     for table in gc.get_referrers(*refs):
-        if isinstance(table, dict) and [_drop_entry(table, ref) for ref in refs].count(True):
+        if isinstance(table, dict) and any([_drop_entry(table, ref) for ref in refs]):  # a list: every ref tried
             tables.append(table)
 
 
