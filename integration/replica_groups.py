@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fault_injection import TORCHRUN, logged_steps, worker_pid
+from forked_ranks import free_port
 from launch_helpers import ROOT, _env
 
 DRIVER = Path(__file__).resolve().parent / "ft_driver.py"
 JOIN_TIMEOUT_S = 10  # the lighthouse's join_timeout_ms, in seconds
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_lighthouse(log: Path, min_replicas: int = 1) -> tuple[subprocess.Popen, str]:

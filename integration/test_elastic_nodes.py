@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fault_injection import children, logged_steps
+from forked_ranks import free_port
 from launch_helpers import DEBUG_RECIPE, ROOT, _env, read_metrics, run_titan
-from replica_groups import free_port
 
 STEPS = 120
 ARGS = [

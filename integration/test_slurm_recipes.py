@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fault_injection import children
+from forked_ranks import free_port
 from launch_helpers import DEBUG_RECIPE, ROOT, _env, read_metrics
-from replica_groups import free_port
 
 SLURM = ROOT / "configs" / "slurm"
 STANDIN = Path(__file__).resolve().parent / "slurm_standin"

@@ -16,9 +16,10 @@ import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 
-from package_history import tree_version
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+
+from package_history import tree_version
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"

@@ -15,7 +15,6 @@ same dry runs choose: it proves the driver, not the claim."""
 from __future__ import annotations
 
 from bench_loss import kernel_summary
-
 from gpu_checks.checks import claim
 from gpu_checks.context import CheckFailed, Context
 from gpu_checks.fit_depth import SHALLOW_BLOCKS, DepthChoice, finish_dry_run, fit_depth, start_dry_run

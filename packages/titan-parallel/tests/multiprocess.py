@@ -1,30 +1,32 @@
-"""What the multi-process tests share: launching a script under torchrun (test side), and running the
-script's named cases in order, printing "rank R NAME ok" or the failure (script side)."""
+"""What the multi-process tests share: launching a script as the ranks of a process group (test side), and running
+the script's named cases in order, printing "rank R NAME ok" or the failure (script side)."""
 
 import os
-import subprocess
 import sys
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
+
+from forked_ranks import run_ranks  # noqa: E402
+
+# What the scripts import, once in the fork server instead of in every rank.
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint", "torch.distributed.pipelining", "titan_parallel")  # fmt: skip
+
 
 def launch(script: Path, nproc: int, *args: str, timeout: int = 900) -> str:
-    """stdout + stderr of `torchrun --nproc_per_node nproc script args...`, one thread per rank."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    result = subprocess.run(
-        [*command, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    """stdout + stderr of `script args...` as the `nproc` ranks of a gloo group (forked_ranks: torchrun's variables,
+    the ranks forked from a server that imported torch and titan_parallel), one thread per rank."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_ranks([sys.executable, str(script), *args], nproc, timeout, env=env, preload=PRELOAD)
     return result.stdout + result.stderr
 
 
 def run_cases(build_cases: Callable[[], dict], *, deterministic: bool = False, fresh_compile: bool = False) -> None:
-    """Under torchrun (gloo): build the cases (after the process group exists: they make meshes) and run them.
+    """In each rank (gloo): build the cases (after the process group exists: they make meshes) and run them.
 
     fresh_compile: reset dynamo before each case, so cases compiling the same block code stay under the
     recompile limit.

@@ -1,0 +1,139 @@
+"""The tests' launcher of multi-process runs: a script or module as the ranks of one process group on this host,
+forked from a server that imported torch (and what the caller names) once, with the variables torchrun
+--standalone gives its workers (what env:// initialization reads), and no agent process. A process importing torch
+and torch.distributed costs about 3 s of CPU on a 2-core machine, its agent under torchrun about 2 more: most of a
+small multi-process test. As under torchrun, the first rank to fail stops the others.
+
+Used by every package's tests and by integration/ (they put tools/ on their path); the tests about launching itself
+(restarts, elastic nodes, replica groups, SLURM) go through torchrun.
+
+    proc = run_ranks([sys.executable, "script.py", *args], nproc=2, timeout=300, preload=["torch", "my_package"])
+    proc.returncode, proc.stdout, proc.stderr  # every rank's output, rank 0 first
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import runpy
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor")
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (rank 0's store binds it a moment later, as torchrun --standalone does)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_ranks(
+    argv: Sequence[str],
+    nproc: int | None,
+    timeout: float,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    preload: Sequence[str] = DEFAULT_PRELOAD,
+) -> subprocess.CompletedProcess:
+    """`argv` (`python -m module args...` or `python script args...`) as the `nproc` ranks of one process group
+    (nproc None: one plain process), each with `env` (default: this process's) plus its rank's variables, in `cwd`.
+    stdout / stderr: every rank's, rank 0 first; returncode: the first failed rank's, else 0. A timeout raises
+    subprocess.TimeoutExpired after stopping the ranks.
+
+    A rank killed by a signal (a native crash: glibc's heap check has aborted a gloo rank once in some 300 launches
+    of a CI run, "malloc(): unaligned tcache chunk detected", not reproduced in 40 reruns) is started again once,
+    with a warning carrying the first try's stderr. A Python error, a timeout or a second crash still fails.
+
+    `preload`: the modules the fork server imports before forking (the first call in a process starts the server:
+    later calls share it and its modules)."""
+    proc = _run_once(argv, nproc, timeout, env, cwd, tuple(preload))
+    if proc.returncode >= 0:
+        return proc
+    warnings.warn(f"a rank of {list(argv[1:3])} died by signal {-proc.returncode}; started again. Its stderr:\n"
+                  f"{proc.stderr[-3000:]}", RuntimeWarning, stacklevel=2)  # fmt: skip
+    return _run_once(argv, nproc, timeout, env, cwd, tuple(preload))
+
+
+def _run_once(argv, nproc, timeout, env, cwd, preload) -> subprocess.CompletedProcess:
+    base = dict(os.environ if env is None else env)
+    if nproc is None:
+        envs = [base]
+    else:
+        common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+        envs = [{**base, **common, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(nproc)]
+    context = _fork_server(preload)
+    folder = str(Path(cwd).resolve()) if cwd is not None else os.getcwd()
+    with tempfile.TemporaryDirectory() as logs:
+        procs = [
+            context.Process(target=_run_rank, args=(list(argv[1:]), rank_env, folder, f"{logs}/{rank}"))
+            for rank, rank_env in enumerate(envs)
+        ]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        first_failed = None  # the ranks that failed of themselves, before the others were stopped
+        while any(p.exitcode is None for p in procs):
+            timed_out = time.monotonic() > deadline
+            first_failed = [p for p in procs if p.exitcode]
+            if timed_out or first_failed:
+                _stop(procs)
+                break
+            time.sleep(0.05)
+        if timed_out:
+            raise subprocess.TimeoutExpired(list(argv), timeout)
+        out, err = ("".join(_read(f"{logs}/{rank}.{kind}") for rank in range(len(procs))) for kind in "12")
+    returncode = next((p.exitcode for p in first_failed or procs if p.exitcode), 0)
+    return subprocess.CompletedProcess(list(argv), returncode, out, err)
+
+
+@functools.cache
+def _fork_server(preload: tuple[str, ...]):
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))  # read when the server starts: at the first rank's start
+    return context
+
+
+def _run_rank(args: list[str], env: dict, cwd: str, log_prefix: str) -> None:
+    """In the forked rank: `python args...` (`-m module ...` or `script ...`) with this rank's environment,
+    working folder and output files."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, kind in ((1, "1"), (2, "2")):
+        with open(f"{log_prefix}.{kind}", "w") as log:
+            os.dup2(log.fileno(), fd)
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path.insert(0, str(Path(args[0]).resolve().parent))  # as `python script` puts the script's folder first
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text() if Path(path).exists() else ""  # absent: the rank died before writing
+
+
+def _stop(procs: list) -> None:
+    """Terminate the ranks still running; kill those that do not exit within 10 s."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
