@@ -3,7 +3,6 @@ loads on one process, with identical full tensors (see two_rank_script.py). One 
 starting processes costs more than the checks."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from forked_ranks import run_ranks
 from titan_checkpoint import (
     CheckpointConfig,
     CheckpointManager,
@@ -23,6 +23,7 @@ from titan_checkpoint import (
 
 SCRIPT = Path(__file__).with_name("two_rank_script.py")
 CHECKS = ["load_from_one_rank", "hf_import", "save_on_two_ranks"]
+PRELOAD = ("torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "safetensors.torch", "titan_checkpoint")
 
 
 def full_tensors(run) -> dict[str, torch.Tensor]:
@@ -44,14 +45,8 @@ def work(tmp_path_factory):
     adapter = ckpt_toy.ToyAdapter(ckpt_toy.ToyArgs())
     export_safetensors(work / "one_rank", work / "hf", adapter=adapter, dtype="float32")
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    result = subprocess.run(
-        [*command, str(SCRIPT), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 ranks forked from a server that imported these once
+    result = run_ranks([sys.executable, str(SCRIPT), str(work)], 2, 300, env=env, preload=PRELOAD)
     return work, result.stdout + result.stderr
 
 

@@ -2,16 +2,17 @@
 gloo ranks the async styles against the plain float8 TP plan (async_tp_script.py states the tolerances)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import float8_toy as toy
 
+from forked_ranks import run_ranks
 from titan_float8 import Float8Options, convert_to_float8, offer_async_tp_matmuls
 from titan_float8.async_tp import Float8Matmuls
 
 SCRIPT = Path(__file__).with_name("async_tp_script.py")
+PRELOAD = ("torch", "torch.distributed.tensor", "titan_float8", "titan_parallel")  # forked_ranks' server imports
 
 
 def test_tensorwise_layers_offer_float8_matmuls_rowwise_ones_say_why():
@@ -35,10 +36,8 @@ def test_tensorwise_layers_offer_float8_matmuls_rowwise_ones_say_why():
 def test_async_tp_styles_match_plain_float8_tp_on_two_ranks():
     import titan_parallel  # noqa: F401  (a test-only sibling: noxfile.py TEST_ONLY_SIBLINGS)
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT)]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_ranks([sys.executable, str(SCRIPT)], 2, 300, env=env, preload=PRELOAD)
     output = result.stdout + result.stderr
     for rank in range(2):
         for check in ("parity", "rowwise"):

@@ -3,24 +3,22 @@ all-gather (bit-identical), tensor parallel 2 (within 1e-5), and FSDP with compi
 One launch per group: starting processes costs more than the checks."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from forked_ranks import run_ranks
+
 SCRIPT = Path(__file__).with_name("two_rank_script.py")
+PRELOAD = ("torch", "torch.distributed.tensor", "torch.distributed.fsdp", "titan_float8")
 
 
 def launch(group: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    result = subprocess.run(
-        [*command, str(SCRIPT), group],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    """stdout + stderr of the script's `group` on 2 gloo ranks forked from a server that imported torch and
+    titan_float8 (tools/forked_ranks.py: torchrun's variables, no agent)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = run_ranks([sys.executable, str(SCRIPT), group], 2, 600, env=env, preload=PRELOAD)
     return result.stdout + result.stderr
 
 
