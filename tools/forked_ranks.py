@@ -9,6 +9,9 @@ Used by every package's tests and by integration/ (they put tools/ on their path
 
     proc = run_ranks([sys.executable, "script.py", *args], nproc=2, timeout=300, preload=["torch", "my_package"])
     proc.returncode, proc.stdout, proc.stderr  # every rank's output, rank 0 first
+
+A script of named checks ends with `run_named_checks(globals(), sys.argv[1:], mesh_shape=(2,))`; its test asserts
+"rank R NAME ok" in the output for each rank and name.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor")
@@ -62,6 +66,39 @@ def run_ranks(
     warnings.warn(f"a rank of {list(argv[1:3])} died by signal {-proc.returncode}; started again. Its stderr:\n"
                   f"{proc.stderr[-3000:]}", RuntimeWarning, stacklevel=2)  # fmt: skip
     return _run_once(argv, nproc, timeout, env, cwd, tuple(preload))
+
+
+def run_named_checks(
+    namespace: dict[str, Callable],
+    names: Sequence[str],
+    mesh_shape: tuple[int, ...],
+    mesh_dim_names: tuple[str, ...] | None = None,
+    *,
+    fresh_compile: bool = False,
+) -> None:
+    """In each rank started by run_ranks: join the gloo group, make a CPU mesh of `mesh_shape`, and call each
+    function named in `names` (from `namespace`: a script's globals()) with it, printing "rank R NAME ok", or
+    "rank R NAME failed" and its traceback, then the next. fresh_compile: reset dynamo before each, so checks
+    compiling the same code stay under its recompile limit."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=mesh_dim_names)
+        for name in names:
+            if fresh_compile:
+                torch._dynamo.reset()
+            try:
+                namespace[name](mesh)
+                print(f"rank {rank} {name} ok", flush=True)
+            except Exception:
+                print(f"rank {rank} {name} failed\n{traceback.format_exc()}", flush=True)
+    finally:
+        dist.destroy_process_group()
 
 
 def _run_once(argv, nproc, timeout, env, cwd, preload) -> subprocess.CompletedProcess:

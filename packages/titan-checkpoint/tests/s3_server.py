@@ -10,6 +10,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+from forked_ranks import free_port  # tools/, on the path (conftest.py)
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "titan-test",
     "AWS_SECRET_ACCESS_KEY": "titan-test",
@@ -17,17 +19,11 @@ CREDENTIALS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def s3_server():
     """Start the server; yield its endpoint URL with the environment set as a user would set it for a
     non-AWS S3 service (AWS_ENDPOINT_URL and credentials, read by s3fs/botocore, never by Titan)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -147,11 +147,9 @@ def test_a_missing_bucket_is_an_error_before_the_first_step(s3_endpoint):
 
 
 def test_an_unreachable_endpoint_is_an_error_naming_the_url(s3_endpoint, monkeypatch):
-    import socket
+    from forked_ranks import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there
+    port = free_port()  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     with pytest.raises(CheckpointError, match=r"s3://any-bucket/run': cannot write there .*AWS_ENDPOINT_URL"):

@@ -1,6 +1,6 @@
 """Hyena under tensor parallelism on 2 CPU processes (gloo). Run by test_hyena_tensor_parallel.py as a script:
 
-    python hyena_tp_checks.py PORT CHECK [CHECK ...]
+    run_ranks([python, hyena_tp_checks.py, CHECK, ...], WORLD_SIZE, ...)  (tools/forked_ranks.py)
 
 Prints "rank R CHECK ok" or "rank R CHECK failed" and a traceback, for every rank and check. Each check
 builds HyenaLM "tiny" on the meta device, parallelizes it as the trainer does (titan_parallel.apply_tp with
@@ -8,16 +8,11 @@ hyena_tp_plan, initialized under sharded_params), and compares against the singl
 same seed: logits atol/rtol 1e-5, every parameter's full gradient atol 1e-6 / rtol 1e-4, fp32.
 """
 
-import os
 import sys
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -135,23 +130,7 @@ def simple_fsdp_tensor_parallel_compiled(mesh) -> None:
     _with_data_parallel(mesh, _simple_fsdp(mesh), compile=True)
 
 
-def run(rank: int, port: int, checks: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    try:
-        mesh = init_device_mesh("cpu", (1, WORLD_SIZE), mesh_dim_names=("dp", "tp"))
-        for check in checks:
-            torch._dynamo.reset()
-            try:
-                globals()[check](mesh)
-                print(f"rank {rank} {check} ok", flush=True)
-            except Exception:
-                print(f"rank {rank} {check} failed\n{traceback.format_exc()}", flush=True)
-    finally:
-        dist.destroy_process_group()
+if __name__ == "__main__":  # in each of WORLD_SIZE ranks started by tools/forked_ranks.py's run_ranks
+    from forked_ranks import run_named_checks
 
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    # fork: the children inherit the imported torch instead of importing it again (seconds on a busy CPU).
-    mp.start_processes(run, args=(int(sys.argv[1]), sys.argv[2:]), nprocs=WORLD_SIZE, start_method="fork")
+    run_named_checks(globals(), sys.argv[1:], (1, WORLD_SIZE), ("dp", "tp"), fresh_compile=True)

@@ -1,7 +1,7 @@
 """Qwen3-Next under tensor parallelism on 2 CPU processes (gloo). Run by test_qwen3_next_tensor_parallel.py as a
 script:
 
-    python qwen3_next_tp_checks.py PORT CHECK [CHECK ...]
+    run_ranks([python, qwen3_next_tp_checks.py, CHECK, ...], WORLD_SIZE, ...)  (tools/forked_ranks.py)
 
 Prints "rank R CHECK ok" or "rank R CHECK failed" and a traceback, for every rank and check. Each check builds
 Qwen3-Next "tiny" (three Gated DeltaNet layers, then one gated-attention layer; every layer sparse, with a gated
@@ -14,14 +14,10 @@ same seed: loss rtol 1e-5 / atol 1e-6, every parameter's full gradient rtol 1e-5
 
 import os
 import sys
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -133,22 +129,7 @@ def fsdp2_tensor_parallel(mesh) -> None:
     _assert_matches_one_device(model, use_loss_parallel=False)
 
 
-def run(rank: int, port: int, checks: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    try:
-        mesh = init_device_mesh("cpu", (1, WORLD_SIZE), mesh_dim_names=("dp", "tp"))
-        for check in checks:
-            try:
-                globals()[check](mesh)
-                print(f"rank {rank} {check} ok", flush=True)
-            except Exception:
-                print(f"rank {rank} {check} failed\n{traceback.format_exc()}", flush=True)
-    finally:
-        dist.destroy_process_group()
+if __name__ == "__main__":  # in each of WORLD_SIZE ranks started by tools/forked_ranks.py's run_ranks
+    from forked_ranks import run_named_checks
 
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    # fork: the children inherit the imported torch instead of importing it again (seconds on a busy CPU).
-    mp.start_processes(run, args=(int(sys.argv[1]), sys.argv[2:]), nprocs=WORLD_SIZE, start_method="fork")
+    run_named_checks(globals(), sys.argv[1:], (1, WORLD_SIZE), ("dp", "tp"))

@@ -1,12 +1,14 @@
 """Hyena's tensor-parallel plan through titan-parallel on 2 real gloo ranks, alone, compiled, and under FSDP2
 and SimpleFSDP, against one device (see hyena_tp_checks.py for the tolerances)."""
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
+
+from forked_ranks import run_ranks  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("hyena_tp_checks.py")
 CHECKS = [
@@ -19,16 +21,13 @@ CHECKS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(_free_port()), *CHECKS], capture_output=True, text=True, timeout=600
+    result = run_ranks(
+        [sys.executable, str(SCRIPT), *CHECKS],
+        2,
+        600,
+        preload=("torch", "torch._dynamo", "torch.distributed.tensor", "titan_models", "titan_parallel"),
     )
     return result.stdout + result.stderr
 

@@ -2,13 +2,14 @@
 titan-parallel on 2 real gloo ranks, alone and under FSDP2, equals one device (qwen3_next_tp_checks.py gives the
 tolerances)."""
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
+
+from forked_ranks import run_ranks  # noqa: E402
 from titan_models.qwen3_next import qwen3_next_plan
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
@@ -33,16 +34,13 @@ def test_simple_fsdp_beside_tensor_parallelism_is_refused_naming_the_key():
         model_args(load_config(parse_argv([*tp2, "--parallelism.fsdp_implementation", "simple_fsdp"])))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(_free_port()), *CHECKS], capture_output=True, text=True, timeout=600
+    result = run_ranks(
+        [sys.executable, str(SCRIPT), *CHECKS],
+        2,
+        600,
+        preload=("torch", "torch.distributed.tensor", "titan_models", "titan_parallel"),
     )
     return result.stdout + result.stderr
 

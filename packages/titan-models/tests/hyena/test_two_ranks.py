@@ -1,26 +1,22 @@
 """Sharded init on 2 real gloo ranks (see two_rank_checks.py)."""
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tools"))  # forked_ranks.py, the repository's
+
+from forked_ranks import run_ranks  # noqa: E402
+
 SCRIPT = Path(__file__).with_name("two_rank_checks.py")
 CHECKS = ["sharded_init"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(_free_port()), *CHECKS], capture_output=True, text=True, timeout=180
+    result = run_ranks(
+        [sys.executable, str(SCRIPT), *CHECKS], 2, 180, preload=("torch", "torch.distributed.tensor", "titan_models")
     )
     return result.stdout + result.stderr
 

@@ -1,20 +1,15 @@
 """Hyena checks that need real ranks: 2 CPU processes on gloo. Run by test_two_ranks.py as a script.
 (Tensor parallelism needs titan-parallel: its checks are titan-train's tests/hyena_tp_checks.py.)
 
-    python two_rank_checks.py PORT CHECK [CHECK ...]
+    run_ranks([python, two_rank_checks.py, CHECK, ...], WORLD_SIZE, ...)  (tools/forked_ranks.py)
 
 Prints "rank R CHECK ok" or "rank R CHECK failed" and a traceback, for every rank and check.
 """
 
-import os
 import sys
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan_models.hyena import FLAVORS, HyenaLM
@@ -45,22 +40,7 @@ def sharded_init(mesh) -> None:
         assert torch.equal(param.full_tensor(), expected[name]), name
 
 
-def run(rank: int, port: int, checks: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        for check in checks:
-            try:
-                globals()[check](mesh)
-                print(f"rank {rank} {check} ok", flush=True)
-            except Exception:
-                print(f"rank {rank} {check} failed\n{traceback.format_exc()}", flush=True)
-    finally:
-        dist.destroy_process_group()
+if __name__ == "__main__":  # in each of WORLD_SIZE ranks started by tools/forked_ranks.py's run_ranks
+    from forked_ranks import run_named_checks
 
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    # fork: the children inherit the imported torch instead of importing it again (seconds on a busy CPU).
-    mp.start_processes(run, args=(int(sys.argv[1]), sys.argv[2:]), nprocs=WORLD_SIZE, start_method="fork")
+    run_named_checks(globals(), sys.argv[1:], (WORLD_SIZE,))
