@@ -148,6 +148,7 @@ def test_tensorboard_and_profiler_write_where_documented(tmp_path):
     assert traces == ["iteration_2", "iteration_4"]
 
 
+@pytest.mark.slow  # 30 steps of two runs (~35 s): the float8 interface is the next test's too, in lower_bound's run
 def test_float8_emulated_tracks_bfloat16_over_30_steps(tmp_path):
     args = ("--model.flavor", "debug", "--training.steps", "30", "--lr_scheduler.warmup_steps", "3",
             "--training.mixed_precision_param", "bfloat16")  # fmt: skip
