@@ -372,3 +372,35 @@ def test_a_launch_bound_step_waits_for_the_cpu(monkeypatch):
     # A CPU runs its own dispatch: serial, whatever the sizes.
     cpu = DEVICE.replace(overlapping_streams=False)
     assert predict(large, cpu).seconds == pytest.approx(12.0)
+
+
+def test_unwrapping_an_ops_arguments_gives_what_pytree_gives():
+    """OpTrace's own walk over an op's arguments (it runs on every argument of every op) against pytree's
+    tree_map(_local, ...): the same local tensor objects in the same places, through lists, tuples, dicts and a
+    named return (a plain tuple in both: pytree keeps the structseq, the trace needs only its items)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+    from torch.utils._pytree import tree_map
+
+    from titan_debug.op_trace import _local, _unwrapped
+
+    a, b = torch.ones(2), torch.zeros(2)
+    wrapped = TwoTensor(a, b)
+    args = (a, [wrapped, 3, (TwoTensor(b, a), None)], {"k": wrapped, "s": "x"}, torch.return_types.max((wrapped, b)))
+
+    def same(got, expected) -> None:
+        if isinstance(expected, torch.Tensor):
+            assert got is expected
+        elif isinstance(expected, dict):
+            assert type(got) is dict and got.keys() == expected.keys()
+            for key in expected:
+                same(got[key], expected[key])
+        elif isinstance(expected, (list, tuple)):
+            assert type(got) is (list if isinstance(expected, list) else tuple) and len(got) == len(expected)
+            for g, e in zip(got, expected, strict=True):
+                same(g, e)
+        else:
+            assert got == expected
+
+    unwrapped = _unwrapped(args)
+    same(unwrapped, tree_map(_local, args))
+    assert unwrapped[1][0] is a and unwrapped[2]["k"] is a  # TwoTensor's first inner tensor
