@@ -11,7 +11,7 @@ import torch
 # The integration session installs transformers (nox -s integration).
 import transformers
 
-from launch_helpers import ROOT, _env
+from launch_helpers import ROOT, _env, run_titan
 
 BIN = Path(sys.executable).parent
 TOKENIZER = ROOT / "packages" / "titan-train" / "src" / "titan_train" / "assets" / "tokenizer.json"
@@ -80,9 +80,7 @@ def train_from_folder_and_export(model_name: str, folder: Path, dump: Path, seq_
                "--training.steps", "3", "--metrics.log_freq", "1", "--job.dump_folder", str(dump),
                "--validation.enable", "false", "--checkpoint.enable", "true",
                "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
-           *options]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    proc = run_titan(options, nproc=2)  # 2 ranks forked with torchrun's variables (forked_ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
 

@@ -8,8 +8,6 @@ logits atol 1e-4; first loss rtol 1e-5.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from hf_checks import (
     save_deepseek_v3_folder,
     tokens,
 )
-from launch_helpers import ROOT, _env
+from launch_helpers import ROOT, run_titan
 from titan_checkpoint import ModelState, load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
@@ -78,9 +76,7 @@ def test_training_starts_from_the_folders_weights_and_exports_what_transformers_
                "--checkpoint.initial_load_path", str(folder), "--validation.enable", "false",
                "--checkpoint.enable", "true", "--checkpoint.export_safetensors", "true",
                "--checkpoint.export_dtype", "float32"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
-           *options]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    proc = run_titan(options, nproc=2)  # 2 ranks forked with torchrun's variables (forked_ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(folder, 2, SEQ_LEN, BATCH), rel=1e-5)

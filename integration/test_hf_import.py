@@ -22,7 +22,7 @@ from hf_checks import (
     first_batch_loss_by_transformers,
     hf_model,
 )
-from launch_helpers import DEBUG_RECIPE, ROOT, _env, run_script
+from launch_helpers import DEBUG_RECIPE, _env, run_script, run_titan
 from titan_checkpoint import (  # noqa: E402
     ModelState,  # noqa: E402
     adapter_from_hf_folder,
@@ -146,9 +146,7 @@ def test_train_on_fsdp2_then_export_loads_in_transformers(hf_folder, tmp_path):
     options = [*RECIPE, "--model.flavor", f"hf:{folder}", "--training.steps", "3", "--job.dump_folder", str(dump),
                "--checkpoint.initial_load_path", str(folder), "--checkpoint.export_safetensors", "true",
                "--checkpoint.export_dtype", "float32"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
-           *options]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    proc = run_titan(options, nproc=2)  # 2 ranks forked with torchrun's variables (forked_ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     export = dump / "hf"
     config = json.loads((export / "config.json").read_text())

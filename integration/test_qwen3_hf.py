@@ -8,7 +8,6 @@ run in another order).
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from hf_checks import (
     ours_from,
     tokens,
 )
-from launch_helpers import ROOT, _env
+from launch_helpers import ROOT, run_titan
 from titan_checkpoint import ModelState, load_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
@@ -131,9 +130,7 @@ def train_and_export(case, folder, tmp_path, layout: list[str]) -> None:
     dump = tmp_path / "run"
     options = [*trainer_options(case, folder, dump, 3), *layout, "--checkpoint.enable", "true",
                "--checkpoint.export_safetensors", "true", "--checkpoint.export_dtype", "float32"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "titan_train",
-           *options]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    proc = run_titan(options, nproc=2)  # 2 ranks forked with torchrun's variables (forked_ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss"] == pytest.approx(first_batch_loss_by_transformers(folder, 2, SEQ_LEN, BATCH), rel=1e-5)
