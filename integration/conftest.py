@@ -4,7 +4,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside the tests (importlib mode)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # forked_ranks.py, the ranks' launcher
 
 from launch_helpers import DEBUG_RECIPE  # noqa: E402
 

@@ -9,11 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks  # tools/, on the path (the repository's conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))  # forked_ranks.py
-
-import forked_ranks  # noqa: E402
-
 DEBUG_RECIPE = ROOT / "configs" / "debug_model.toml"
 
 
@@ -45,13 +43,7 @@ def run_ranks(cmd: list[str], nproc: int | None, timeout: int) -> subprocess.Com
     """`cmd` (`python -m module args` or `python script args`) as the `nproc` ranks of one process group on this
     host (nproc None: one plain process), forked from a server that imported torch and Titan once
     (tools/forked_ranks.py: a rank killed by a signal is started once more, with a warning)."""
-    return forked_ranks.run_ranks(cmd, nproc, timeout, env=_env(), cwd=ROOT, preload=_PRELOAD)
-
-
-# What every rank imports; the ranks then start with them imported. Modules read the environment at run time,
-# not at import (each rank's variables are set before it runs).
-_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
-            "torch.distributed.checkpoint", "titan_train.cli.train", "titan_train.run.trainer")  # fmt: skip
+    return forked_ranks.run_ranks(cmd, nproc, timeout, env=_env(), cwd=ROOT)
 
 
 def read_metrics(dump_folder: Path) -> list[dict]:

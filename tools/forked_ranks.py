@@ -1,13 +1,13 @@
 """The tests' launcher of multi-process runs: a script or module as the ranks of one process group on this host,
-forked from a server that imported torch (and what the caller names) once, with the variables torchrun
+forked from a server that imported torch and Titan once, with the variables torchrun
 --standalone gives its workers (what env:// initialization reads), and no agent process. A process importing torch
 and torch.distributed costs about 3 s of CPU on a 2-core machine, its agent under torchrun about 2 more: most of a
 small multi-process test. As under torchrun, the first rank to fail stops the others.
 
-Used by every package's tests and by integration/ (they put tools/ on their path); the tests about launching itself
-(restarts, elastic nodes, replica groups, SLURM) go through torchrun.
+Used by every package's tests and by integration/ (the repository's conftest.py puts tools/ on the path); the tests
+about launching itself (restarts, elastic nodes, replica groups, SLURM) go through torchrun.
 
-    proc = run_ranks([sys.executable, "script.py", *args], nproc=2, timeout=300, preload=["torch", "my_package"])
+    proc = run_ranks([sys.executable, "script.py", *args], nproc=2, timeout=300)
     proc.returncode, proc.stdout, proc.stderr  # every rank's output, rank 0 first
 
 A script of named checks ends with `run_named_checks(globals(), sys.argv[1:], mesh_shape=(2,))`; its test asserts
@@ -30,7 +30,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor")
+# What the fork server imports before forking: torch's distributed parts and every Titan package a test venv holds
+# (the server skips what is not installed: a package's venv has only it and its dependencies).
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint", "titan_models", "titan_parallel", "titan_float8", "titan_checkpoint",
+           "titan_debug", "titan_train.cli.train", "titan_train.run.trainer")  # fmt: skip
 
 
 def free_port() -> int:
@@ -47,7 +51,6 @@ def run_ranks(
     *,
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
-    preload: Sequence[str] = DEFAULT_PRELOAD,
 ) -> subprocess.CompletedProcess:
     """`argv` (`python -m module args...` or `python script args...`) as the `nproc` ranks of one process group
     (nproc None: one plain process), each with `env` (default: this process's) plus its rank's variables, in `cwd`.
@@ -56,16 +59,13 @@ def run_ranks(
 
     A rank killed by a signal (a native crash: glibc's heap check has aborted a gloo rank once in some 300 launches
     of a CI run, "malloc(): unaligned tcache chunk detected", not reproduced in 40 reruns) is started again once,
-    with a warning carrying the first try's stderr. A Python error, a timeout or a second crash still fails.
-
-    `preload`: the modules the fork server imports before forking (the first call in a process starts the server:
-    later calls share it and its modules)."""
-    proc = _run_once(argv, nproc, timeout, env, cwd, tuple(preload))
+    with a warning carrying the first try's stderr. A Python error, a timeout or a second crash still fails."""
+    proc = _run_once(argv, nproc, timeout, env, cwd)
     if proc.returncode >= 0:
         return proc
     warnings.warn(f"a rank of {list(argv[1:3])} died by signal {-proc.returncode}; started again. Its stderr:\n"
                   f"{proc.stderr[-3000:]}", RuntimeWarning, stacklevel=2)  # fmt: skip
-    return _run_once(argv, nproc, timeout, env, cwd, tuple(preload))
+    return _run_once(argv, nproc, timeout, env, cwd)
 
 
 def run_named_checks(
@@ -101,7 +101,7 @@ def run_named_checks(
         dist.destroy_process_group()
 
 
-def _run_once(argv, nproc, timeout, env, cwd, preload) -> subprocess.CompletedProcess:
+def _run_once(argv, nproc, timeout, env, cwd) -> subprocess.CompletedProcess:
     base = dict(os.environ if env is None else env)
     if nproc is None:
         envs = [base]
@@ -109,7 +109,7 @@ def _run_once(argv, nproc, timeout, env, cwd, preload) -> subprocess.CompletedPr
         common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
         envs = [{**base, **common, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(nproc)]
-    context = _fork_server(preload)
+    context = _fork_server()
     folder = str(Path(cwd).resolve()) if cwd is not None else os.getcwd()
     with tempfile.TemporaryDirectory() as logs:
         procs = [
@@ -136,9 +136,9 @@ def _run_once(argv, nproc, timeout, env, cwd, preload) -> subprocess.CompletedPr
 
 
 @functools.cache
-def _fork_server(preload: tuple[str, ...]):
+def _fork_server():
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(preload))  # read when the server starts: at the first rank's start
+    context.set_forkserver_preload(list(PRELOAD))  # read when the server starts: at the first rank's start
     return context
 
 

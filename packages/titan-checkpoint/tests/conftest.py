@@ -4,7 +4,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ckpt_toy.py beside the tests (importlib mode)
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
 
 import ckpt_toy  # noqa: E402
 

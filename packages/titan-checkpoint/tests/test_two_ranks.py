@@ -23,7 +23,6 @@ from titan_checkpoint import (
 
 SCRIPT = Path(__file__).with_name("two_rank_script.py")
 CHECKS = ["load_from_one_rank", "hf_import", "save_on_two_ranks"]
-PRELOAD = ("torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "safetensors.torch", "titan_checkpoint")
 
 
 def full_tensors(run) -> dict[str, torch.Tensor]:
@@ -46,7 +45,7 @@ def work(tmp_path_factory):
     export_safetensors(work / "one_rank", work / "hf", adapter=adapter, dtype="float32")
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 ranks forked from a server that imported these once
-    result = run_ranks([sys.executable, str(SCRIPT), str(work)], 2, 300, env=env, preload=PRELOAD)
+    result = run_ranks([sys.executable, str(SCRIPT), str(work)], 2, 300, env=env)
     return work, result.stdout + result.stderr
 
 

@@ -2,4 +2,3 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # float8_toy.py beside the tests (importlib mode)
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's

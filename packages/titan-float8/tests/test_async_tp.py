@@ -12,7 +12,6 @@ from titan_float8 import Float8Options, convert_to_float8, offer_async_tp_matmul
 from titan_float8.async_tp import Float8Matmuls
 
 SCRIPT = Path(__file__).with_name("async_tp_script.py")
-PRELOAD = ("torch", "torch.distributed.tensor", "titan_float8", "titan_parallel")  # forked_ranks' server imports
 
 
 def test_tensorwise_layers_offer_float8_matmuls_rowwise_ones_say_why():
@@ -37,7 +36,7 @@ def test_async_tp_styles_match_plain_float8_tp_on_two_ranks():
     import titan_parallel  # noqa: F401  (a test-only sibling: noxfile.py TEST_ONLY_SIBLINGS)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = run_ranks([sys.executable, str(SCRIPT)], 2, 300, env=env, preload=PRELOAD)
+    result = run_ranks([sys.executable, str(SCRIPT)], 2, 300, env=env)
     output = result.stdout + result.stderr
     for rank in range(2):
         for check in ("parity", "rowwise"):

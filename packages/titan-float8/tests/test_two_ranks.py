@@ -11,14 +11,13 @@ import pytest
 from forked_ranks import run_ranks
 
 SCRIPT = Path(__file__).with_name("two_rank_script.py")
-PRELOAD = ("torch", "torch.distributed.tensor", "torch.distributed.fsdp", "titan_float8")
 
 
 def launch(group: str) -> str:
     """stdout + stderr of the script's `group` on 2 gloo ranks forked from a server that imported torch and
     titan_float8 (tools/forked_ranks.py: torchrun's variables, no agent)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = run_ranks([sys.executable, str(SCRIPT), group], 2, 600, env=env, preload=PRELOAD)
+    result = run_ranks([sys.executable, str(SCRIPT), group], 2, 600, env=env)
     return result.stdout + result.stderr
 
 

@@ -8,20 +8,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
-
-from forked_ranks import run_ranks  # noqa: E402
-
-# What the scripts import, once in the fork server instead of in every rank.
-PRELOAD = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
-           "torch.distributed.checkpoint", "torch.distributed.pipelining", "titan_parallel")  # fmt: skip
-
 
 def launch(script: Path, nproc: int, *args: str, timeout: int = 900) -> str:
     """stdout + stderr of `script args...` as the `nproc` ranks of a gloo group (forked_ranks: torchrun's variables,
-    the ranks forked from a server that imported torch and titan_parallel), one thread per rank."""
+    the ranks forked from a server that imported torch and Titan), one thread per rank."""
+    from forked_ranks import run_ranks  # tools/, on the test's path (the repository's conftest.py), not the ranks'
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = run_ranks([sys.executable, str(script), *args], nproc, timeout, env=env, preload=PRELOAD)
+    result = run_ranks([sys.executable, str(script), *args], nproc, timeout, env=env)
     return result.stdout + result.stderr
 
 

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
-
-from forked_ranks import run_ranks  # noqa: E402
+from forked_ranks import run_ranks
 
 SCRIPT = Path(__file__).with_name("hyena_tp_checks.py")
 CHECKS = [
@@ -23,12 +21,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = run_ranks(
-        [sys.executable, str(SCRIPT), *CHECKS],
-        2,
-        600,
-        preload=("torch", "torch._dynamo", "torch.distributed.tensor", "titan_models", "titan_parallel"),
-    )
+    result = run_ranks([sys.executable, str(SCRIPT), *CHECKS], 2, 600)
     return result.stdout + result.stderr
 
 

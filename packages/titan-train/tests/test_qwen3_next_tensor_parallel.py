@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # forked_ranks.py, the repository's
-
-from forked_ranks import run_ranks  # noqa: E402
+from forked_ranks import run_ranks
 from titan_models.qwen3_next import qwen3_next_plan
 from titan_train.config import ConfigError, load_config, parse_argv
 from titan_train.config.model_args import model_args
@@ -36,12 +34,7 @@ def test_simple_fsdp_beside_tensor_parallelism_is_refused_naming_the_key():
 
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = run_ranks(
-        [sys.executable, str(SCRIPT), *CHECKS],
-        2,
-        600,
-        preload=("torch", "torch.distributed.tensor", "titan_models", "titan_parallel"),
-    )
+    result = run_ranks([sys.executable, str(SCRIPT), *CHECKS], 2, 600)
     return result.stdout + result.stderr
 
 

@@ -5,9 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tools"))  # forked_ranks.py, the repository's
-
-from forked_ranks import run_ranks  # noqa: E402
+from forked_ranks import run_ranks
 
 SCRIPT = Path(__file__).with_name("two_rank_checks.py")
 CHECKS = ["sharded_init"]
@@ -15,9 +13,7 @@ CHECKS = ["sharded_init"]
 
 @pytest.fixture(scope="module")
 def two_rank_output() -> str:
-    result = run_ranks(
-        [sys.executable, str(SCRIPT), *CHECKS], 2, 180, preload=("torch", "torch.distributed.tensor", "titan_models")
-    )
+    result = run_ranks([sys.executable, str(SCRIPT), *CHECKS], 2, 180)
     return result.stdout + result.stderr
 
 
