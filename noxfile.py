@@ -43,11 +43,21 @@ SIBLINGS = {
 # bucketing, compile parity: 473 s on one worker, a third of it compiling) leave one idle: two workers.
 PARALLEL_TESTS = {"titan-models", "titan-parallel", "titan-train", "integration"}
 WORKERS = os.environ.get("TITAN_TEST_WORKERS", "2")
-# INTEGRATION_VEC_ISA: the integration cases compile with inductor's CPU code generator scalar, not vectorized
-# (TORCHINDUCTOR_VEC_ISA_OK=0; set it to 1 for the vectorized code): what they check is Titan's compile composed with
-# each layout and its numerics against eager, and users' compiled code is CUDA's (Triton); the vectorized CPU kernels
-# cost gcc and inductor's tiling search about a quarter of a compiled case's time more (Qwen3-Next on one rank: 56 s
-# against 90, cold cache). titan-parallel's own compile tests keep the vectorized code.
+# Inductor's CPU code generator runs scalar, not vectorized (TORCHINDUCTOR_VEC_ISA_OK=0; set it to 1 for the
+# vectorized code) in every session but titan-parallel's: what their compiled cases check is Titan's compile composed
+# with a layout or a feature (float8, QK-clip's recording) and its numerics against eager, and users' compiled code is
+# CUDA's (Triton); the vectorized CPU kernels cost gcc and inductor's tiling search about a quarter of a compiled
+# case's time more (Qwen3-Next on one rank: 56 s against 90, cold cache; titan-train's QK-clip case 18 s against 23).
+# titan-parallel's own compile tests keep the vectorized code.
+VECTORIZED_CPU_CODE = {"titan-parallel"}
+
+
+def _cpu_code_env(suite: str) -> dict[str, str]:
+    if suite in VECTORIZED_CPU_CODE:
+        return {}  # inductor's own choice: vectorized where the CPU has the instructions
+    return {"TORCHINDUCTOR_VEC_ISA_OK": os.environ.get("TORCHINDUCTOR_VEC_ISA_OK", "0")}
+
+
 # Installed beside a package for its tests only; the package's own code never imports them. titan-float8's
 # Float8Linear offers its matmuls to titan-parallel's async TP by a duck-typed protocol, tested with both.
 TEST_ONLY_SIBLINGS = {
@@ -171,7 +181,8 @@ def tests(session: nox.Session, package: str) -> None:
     _install(session, *SIBLINGS.get(package, []), *TEST_ONLY_SIBLINGS.get(package, []), package)
     # The slow ones too (inductor compiles on a cold cache, sequences of 4096: about 3 minutes in all); the
     # stress ones (none in the packages today) only in `nox -s slow`.
-    _pytest(session, str(ROOT / "packages" / package / "tests"), "-m", "not stress", *_workers(package))
+    tests = str(ROOT / "packages" / package / "tests")
+    _pytest(session, tests, "-m", "not stress", *_workers(package), env=_cpu_code_env(package))
 
 
 def _install_integration(session: nox.Session) -> None:
@@ -194,7 +205,7 @@ def integration(session: nox.Session) -> None:
     # check, repeated) only in `nox -s slow`.
     # Arguments after `--` (`-k ...`, `-m 'not slow'`) pick cases: one run, one worker, as they say.
     selected, folder = "not gpu and not stress", str(ROOT / "integration")
-    env = {"TORCHINDUCTOR_VEC_ISA_OK": os.environ.get("TORCHINDUCTOR_VEC_ISA_OK", "0")}  # INTEGRATION_VEC_ISA
+    env = _cpu_code_env("integration")
     if session.posargs:
         _pytest(session, folder, "-m", selected, "--durations=25", env=env)
         return
