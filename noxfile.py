@@ -1,7 +1,7 @@
 """Test sessions. Each package is tested in a venv holding only it and its declared dependencies.
 
 nox                      every default session: lint, each package's tests and integration (their slow cases
-                         included, but the stress ones), packaging, lower_bound
+                         included, but the stress ones), packaging, lower_bound, in two lanes at once (LANES)
 nox -s packaging         build every wheel and sdist, check them, install each wheel alone in a fresh venv
 nox -s lower_bound       titan-train's tests against the lowest sibling versions its ranges allow (not rerun where
                          those are the tree's own sources: the tests session ran them)
@@ -18,6 +18,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,7 +71,7 @@ TEST_ONLY_SIBLINGS = {
 # keeps torch unpacked). Without uv on PATH, nox falls back to venv and pip.
 nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "tests", "integration", "packaging", "lower_bound"]
+nox.options.sessions = ["ci"]
 
 # Each session's venv holds its own torch (about 1 GB): kept, the default run's ten venvs need about 10 GB,
 # more than a CI machine's disk has had free (one CI run died of ENOSPC at the fourth). So a session's venv,
@@ -171,6 +173,53 @@ def _pytest(session: nox.Session, *args: str, env: dict | None = None) -> None:
 
 def _workers(package: str) -> list[str]:
     return ["-n", WORKERS, "--dist", "loadfile"] if package in PARALLEL_TESTS else []
+
+
+# The default run (`nox`): every default session, in two lanes at once. The first lane's sessions keep both cores busy
+# (their tests run in two xdist workers: models 75%, parallel and train 98%, integration 94% of 2 cores); the
+# second's run one process at a time (float8 60%, checkpoint and debug 50%, packaging's builds, lower_bound): beside
+# the first lane they use what it leaves idle, and they end before integration starts, whose fault cases bound
+# their waits and whose `serial` case measures this machine's speed.
+LANES = (
+    ("lint", *[f"tests(package='{p}')" for p in ("titan-models", "titan-parallel", "titan-train")], "integration"),
+    (*[f"tests(package='{p}')" for p in ("titan-float8", "titan-checkpoint", "titan-debug")], "packaging",
+     "lower_bound"),
+)  # fmt: skip
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """Every default session (lint, each package's tests, integration, packaging, lower_bound), in LANES' two
+    lanes at once; each output line prefixed with its lane. Fails when a session of either lane fails."""
+    lanes = [_Lane(number, names) for number, names in enumerate(LANES, start=1)]
+    failed = [lane.number for lane in lanes if lane.wait() != 0]
+    if failed:
+        session.error(f"lane {' and '.join(map(str, failed))} failed: see its lines above ('[lane N]')")
+
+
+class _Lane:
+    """`nox --sessions NAMES` in a process of its own (the same python: nox is importable where it runs), its
+    output printed line by line behind "[lane N] "."""
+
+    def __init__(self, number: int, names: tuple[str, ...]) -> None:
+        self.number, self.names, self.started = number, names, time.monotonic()
+        command = [sys.executable, "-m", "nox", "--sessions", *names]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.printer = threading.Thread(target=self._print_lines, daemon=True)
+        self.printer.start()
+
+    def _print_lines(self) -> None:
+        for line in self.process.stdout:
+            print(f"[lane {self.number}] {line}", end="", flush=True)
+        self.code, self.seconds = self.process.wait(), time.monotonic() - self.started
+
+    def wait(self) -> int:
+        self.printer.join()
+        if TIMINGS:  # beside sessions.tsv: the lanes' wall times (their sessions' sum counts overlapping time twice)
+            with open(Path(TIMINGS) / "lanes.tsv", "a") as log:
+                outcome = "passed" if self.code == 0 else "failed"
+                log.write(f"lane {self.number}: {', '.join(self.names)}\t{self.seconds:.1f}\t{outcome}\n")
+        return self.code
 
 
 @session()

@@ -2,10 +2,11 @@
 
     python tools/ci_timings.py FOLDER [--slowest 25]
 
-FOLDER is what the noxfile writes where TITAN_CI_TIMINGS points: `sessions.tsv` (session, seconds, outcome) and
-one JUnit XML report per pytest run (every case's setup + call + teardown time). Printed, never asserted: it is
-there so a suite's growth is seen in the log of the run that grew it. Standard library only (.ci/run calls it
-with whichever python3 it finds).
+FOLDER is what the noxfile writes where TITAN_CI_TIMINGS points: `sessions.tsv` (session, seconds, outcome),
+`lanes.tsv` (the same of each lane of sessions the default run runs at once: their sessions' sum counts the time
+they overlap twice) and one JUnit XML report per pytest run (every case's setup + call + teardown time). Printed,
+never asserted: it is there so a suite's growth is seen in the log of the run that grew it. Standard library only
+(.ci/run calls it with whichever python3 it finds).
 """
 
 import argparse
@@ -14,8 +15,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 
-def session_times(folder: Path) -> list[tuple[str, float, str]]:
-    path = folder / "sessions.tsv"
+def session_times(folder: Path, file: str = "sessions.tsv") -> list[tuple[str, float, str]]:
+    path = folder / file
     if not path.exists():
         return []
     rows = [line.split("\t") for line in path.read_text().splitlines() if line.count("\t") == 2]
@@ -43,6 +44,10 @@ def report(folder: Path, slowest: int) -> str:
     for name, seconds, outcome in sessions:
         lines.append(f"{seconds:8.1f} s  {name}  ({outcome})")
     lines.append(f"{sum(s for _, s, _ in sessions):8.1f} s  all sessions")
+    lanes = session_times(folder, "lanes.tsv")
+    if lanes:
+        lines.append("=== lanes: sessions run one after another, the lanes at once (wall time) ===")
+        lines += [f"{seconds:8.1f} s  {name}  ({outcome})" for name, seconds, outcome in lanes]
     cases = case_times(folder)
     lines.append(f"=== the {min(slowest, len(cases))} slowest of {len(cases)} test cases (setup + call + teardown) ===")
     for seconds, suite, test_id in sorted(cases, reverse=True)[:slowest]:
