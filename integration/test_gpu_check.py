@@ -2,12 +2,14 @@
 hanging and stopped checks (stand-ins from gpu_check_fakes.py, each in its own process as a real check runs),
 the pieces of the checks that decide pass or fail, and the CPU rehearsal end to end."""
 
+import ast
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from fnmatch import fnmatchcase
 
 import pytest
 import torch
@@ -309,6 +311,11 @@ def test_a_short_rehearsal_on_cpu_end_to_end(tmp_path):
     assert step["case"] == "tiny_eager" and step["predicted"] > 0 and step["real"] > 0
     assert checks["allocator_model"]["figures"]["expandable"]["equal"] == 3 * 500  # every call of 3 sequences
     assert checks["hyena_flash"]["figures"]["verdicts"] == {"L256_B1": "PASS", "L512_B1": "PASS"}
+    # The claims whose figures a CPU rehearsal records find them (a misspelt pattern would leave them unmeasured,
+    # which fails the check on a GPU); Flash Inference's at L = 16,384 and the compiled step's are GPU figures.
+    evaluated = {(r["name"], c["claim"]): c["evaluated"] for r in document["checks"] for c in r["claims"]}
+    for check_claim in (("allocator_model", "calls_equal"), ("step_time", "eager_within_25pct")):
+        assert evaluated[check_claim] in ("pass", "fail"), check_claim
     assert "| allocator_model | pass |" in result.stdout and document["complete"]
 
 
@@ -374,10 +381,59 @@ def test_each_claim_fails_its_check_on_a_gpu_figure_outside_its_bound_and_passes
         assert verdicts[claim.name] == (NOT_JUDGED, "fail")
 
 
-def test_a_claim_without_figures_is_not_measured_and_a_failed_check_keeps_its_own_reason():
+@pytest.mark.parametrize("check", [c for c in CHECKS if c.claims], ids=lambda c: c.name)
+def test_each_claim_fails_its_check_on_a_gpu_without_its_figure_unless_the_check_says_it_does_not_apply(check):
+    for claim in check.claims:
+        figures = _record(check)["figures"]
+        others = {n: v for n, v in figures.items() if not any(fnmatchcase(n, p) for p in claim.figures)}
+        unmeasured = {**record_for(check, "pass"), "figures": others}
+        judged = apply_claims(unmeasured, check.claims, cuda=True)
+        missing = f"claim {claim.name} not measured: the check recorded no figure matching {claim.figures[0]!r}"
+        assert judged["status"] == "fail" and missing in judged["reason"], judged["reason"]
+        assert {v["claim"]: v["verdict"] for v in judged["claims"]}[claim.name] == "fail"
+        # excused: the claims left without a figure (another claim's patterns may cover this one's figures too)
+        bare = [c.name for c in check.claims if not any(fnmatchcase(n, p) for n in others for p in c.figures)]
+        excuses = dict.fromkeys(bare, "needs sm90")
+        excused = apply_claims({**unmeasured, "not_applicable": excuses}, check.claims, cuda=True)
+        assert excused["status"] == "pass", excused["reason"]
+        verdicts = {v["claim"]: (v["verdict"], v.get("reason")) for v in excused["claims"]}
+        assert claim.name in bare and {verdicts[name] for name in bare} == {("not applicable", "needs sm90")}
+        rehearsed = apply_claims(unmeasured, check.claims, cuda=False)  # the rehearsal proves the driver only
+        assert rehearsed["status"] == "pass" and rehearsed["claims"] and not rehearsed.get("reason")
+
+
+def test_the_claims_a_check_excuses_are_claims_of_that_check():
+    """Every `ctx.claims_not_applicable(reason, *claims)` in the checks names claims its check declares: a misspelt
+    name would leave the real claim unmeasured (a fail) and excuse nothing."""
+    declared = {claim.name for check in CHECKS for claim in check.claims}
+    excused = []
+    for path in sorted((ROOT / "tools" / "gpu_checks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "claims_not_applicable":
+                excused += [(path.name, arg.value) for arg in node.args[1:]]
+    assert {name for _, name in excused} == {
+        "float8_faster_than_compiled", "float8_ratio_near_paper", "float8_faster_at_8b_width"
+    }  # fmt: skip
+    assert [(file, name) for file, name in excused if name not in declared] == []
+
+
+def test_table1_on_a_gpu_without_float8_matmuls_excuses_its_float8_claims(tmp_path, monkeypatch):
+    from gpu_checks import table1
+    from gpu_checks.context import Context
+
+    monkeypatch.setattr(table1, "float8_is_real", lambda: False)
+    ctx = Context(cuda=True, work=tmp_path, result_path=tmp_path / "result.json")
+    assert "compiled_float8" not in table1.variants(ctx)
+    (check,) = select(["table1"])
+    record = {**record_for(check, "pass"), "figures": {"compiled_vs_eager": 1.2, "compile_ratio_vs_paper_error": 0.01},
+              "not_applicable": json.loads(ctx.result_path.read_text())["not_applicable"]}  # fmt: skip
+    judged = apply_claims(record, check.claims, cuda=True)
+    assert judged["status"] == "pass", judged["reason"]
+    assert [v["verdict"] for v in judged["claims"]] == ["pass", "not applicable", "pass", "not applicable"]
+
+
+def test_a_failed_check_keeps_its_own_reason():
     (hyena_check,) = select(["hyena_flash"])
-    unmeasured = apply_claims(record_for(hyena_check, "pass"), hyena_check.claims, cuda=True)
-    assert unmeasured["status"] == "pass" and {v["verdict"] for v in unmeasured["claims"]} == {"not measured"}
     slow_figures = {"L16384_B1_lazy_mixing_x": 0.69, "L16384_B1_lazy_e2e_x": 0.97}
     slow = {**record_for(hyena_check, "timeout", "timed out after 90 s"), "figures": slow_figures}
     judged = apply_claims(slow, hyena_check.claims, cuda=True)

@@ -3,7 +3,9 @@
 A claim names the figures it is about (glob patterns over the check's flat figure names: its figures, nested
 ones joined by '.', and each predicted-vs-real comparison as "<case> <quantity> error") and a bound every
 matching figure must be within. A check that ran on a GPU and recorded a figure outside a bound is a `fail`,
-whatever else it did: a "pass" says the claim held, not that a measurement was made. In the CPU rehearsal the
+whatever else it did, and so is one that recorded no figure a claim names (a typo in a pattern, a figure renamed,
+a variant never run), unless the check said why that claim does not apply on this GPU (`not_applicable`: no
+float8 matmuls below sm90): a "pass" says each claim was measured and held. In the CPU rehearsal the
 claims are evaluated (the driver is proved to produce the figures) but not judged: tiny models in float32 on a
 shared CPU say nothing about a GPU's speed.
 """
@@ -14,7 +16,7 @@ import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
+PASS, FAIL, NOT_MEASURED, NOT_APPLICABLE = "pass", "fail", "not measured", "not applicable"
 NOT_JUDGED = "rehearsal: claim not judged on CPU"
 
 
@@ -106,15 +108,29 @@ def format_figures(figures: dict[str, float]) -> str:
 
 
 def apply_claims(record: dict, claims: tuple[Claim, ...], cuda: bool) -> dict:
-    """The record with its claims' verdicts; on a GPU a missed claim turns a pass into a fail (a check that
-    failed or timed out for its own reason keeps that reason)."""
+    """The record with its claims' verdicts; on a GPU a missed or unmeasured claim turns a pass into a fail (a
+    check that failed or timed out for its own reason keeps that reason). An unmeasured claim the check named in
+    its record's `not_applicable` (claim -> why) is `not applicable`, with that reason."""
     figures = flat_figures(record)
-    verdicts = [judge(claim, figures) for claim in claims]
-    if not cuda:
-        verdicts = [{**v, "evaluated": v["verdict"], "verdict": NOT_JUDGED} for v in verdicts]
+    judged = [judge(claim, figures) for claim in claims]
+    if cuda:
+        verdicts = [_unmeasured(c, v, record.get("not_applicable", {})) for c, v in zip(claims, judged, strict=True)]
+    else:
+        verdicts = [{**v, "evaluated": v["verdict"], "verdict": NOT_JUDGED} for v in judged]
     record = {**record, "claims": verdicts}
     missed = [f"claim {v['claim']} missed: {format_figures(v['missed'])} (bound {v['bound']})"
+              if v["missed"] else f"claim {v['claim']} {v['reason']}"
               for v in verdicts if v["verdict"] == FAIL]  # fmt: skip
     if missed and record["status"] == PASS:
         record["status"], record["reason"] = FAIL, "; ".join(missed)
     return record
+
+
+def _unmeasured(claim: Claim, verdict: dict, not_applicable: dict[str, str]) -> dict:
+    """On a GPU: a claim no recorded figure matches fails, unless the check said why it does not apply."""
+    if verdict["verdict"] != NOT_MEASURED:
+        return verdict
+    if claim.name in not_applicable:
+        return {**verdict, "verdict": NOT_APPLICABLE, "reason": not_applicable[claim.name]}
+    patterns = ", ".join(repr(p) for p in claim.figures)
+    return {**verdict, "verdict": FAIL, "reason": f"not measured: the check recorded no figure matching {patterns}"}

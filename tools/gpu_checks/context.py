@@ -56,6 +56,8 @@ class Context:
     figures: dict = field(default_factory=dict)
     comparisons: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    not_applicable: dict = field(default_factory=dict)
+    """claim name -> why it does not apply on this GPU (gpu_checks.claims: an unmeasured claim otherwise fails)."""
 
     def seconds_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
@@ -76,8 +78,14 @@ class Context:
         self.notes.append(text)
         self.flush()
 
+    def claims_not_applicable(self, reason: str, *claims: str) -> None:
+        """These claims' figures are not recorded here, for `reason` (also noted)."""
+        self.not_applicable.update(dict.fromkeys(claims, reason))
+        self.note(f"{', '.join(claims)}: not applicable: {reason}")
+
     def flush(self, **final) -> None:
-        document = {"figures": self.figures, "comparisons": self.comparisons, "notes": self.notes, **final}
+        document = {"figures": self.figures, "comparisons": self.comparisons, "notes": self.notes,
+                    "not_applicable": self.not_applicable, **final}  # fmt: skip
         temporary = self.result_path.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=1, default=str))
         temporary.replace(self.result_path)

@@ -146,13 +146,14 @@ def _claims_table(records: list[dict], rehearsal: bool) -> list[str]:
     rows = [(r["name"], c) for r in records for c in r.get("claims", [])]
     if not rows:
         return []
-    lines = ["", "Claims (a claim missed on a GPU fails its check):", ""]
+    lines = ["", "Claims (a claim missed or not measured on a GPU fails its check):", ""]
     if rehearsal:
         lines += [REHEARSAL_CLAIMS, ""]
     lines += ["| check | claim | bound | figures | verdict |", "|---|---|---|---|---|"]
     for name, c in rows:
         figures = ", ".join(f"{n} {format_value(v)}" for n, v in c["figures"].items()) or "-"
         verdict = c["verdict"] + (f" (evaluated: {c['evaluated']})" if "evaluated" in c else "")
+        verdict += f": {c['reason']}" if c.get("reason") else ""  # unmeasured: what was missing, or why not applicable
         lines.append(f"| {name} | {c['claim']} | {c['bound']} | {_cell(figures)} | {verdict} |")
     return lines
 

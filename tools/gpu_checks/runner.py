@@ -60,6 +60,7 @@ def record_for(check: Check, status: str = "pending", reason: str = "") -> dict:
         "figures": {},
         "comparisons": [],
         "notes": [],
+        "not_applicable": {},
         "claims": [],
     }
 
@@ -121,7 +122,7 @@ def run_one(check: Check, cuda: bool, work: Path, timeout_s: float) -> tuple[dic
     record = record_for(check)
     record["seconds"] = round(time.monotonic() - start, 1)
     result = _read_result(result_path)
-    for key in ("figures", "comparisons", "notes"):
+    for key in ("figures", "comparisons", "notes", "not_applicable"):
         record[key] = result.get(key, record[key])
     if not status:
         status = result.get("status", "fail")

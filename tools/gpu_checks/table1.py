@@ -74,7 +74,8 @@ def variants(ctx: Context) -> dict[str, list[str]]:
                  "driver, not the claim (a tiny model's tokens/s on a shared CPU says nothing of a GPU's)")  # fmt: skip
     elif not float8_is_real():
         del found["compiled_float8"]
-        ctx.note("compiled_float8 skipped: float8 matmuls need sm90 (H100+)")
+        ctx.claims_not_applicable("compiled_float8 skipped: float8 matmuls need sm90 (H100+)",
+                                  "float8_faster_than_compiled", "float8_ratio_near_paper")  # fmt: skip
     return found
 
 
