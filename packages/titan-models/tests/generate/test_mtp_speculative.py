@@ -45,6 +45,44 @@ def copying_model(build, family: str, mtp_layers: int, copy: bool = True):
     return model
 
 
+def speculate_observed(model, prompt, max_new_tokens: int, monkeypatch) -> tuple[torch.Tensor, SpeculationStats]:
+    """generate_speculative(), its stats checked against what the test sees from outside: the main model's
+    forwards counted by a hook on its final norm (the MTP modules have their own), and each round's drafts
+    recorded and compared with the plain greedy tokens here (a round accepts the drafts' longest prefix that
+    greedy decoding produces, in every row)."""
+    forwards, rounds = [], []
+    hook = model.norm.register_forward_hook(lambda *_: forwards.append(1))
+    draft = speculative.MTPDrafter.draft
+
+    def recorded(drafter, tokens, last, n):
+        guesses = draft(drafter, tokens, last, n)
+        rounds.append((last, guesses.clone()))
+        return guesses
+
+    monkeypatch.setattr(speculative.MTPDrafter, "draft", recorded)
+    stats = SpeculationStats()
+    try:
+        out = generate_speculative(model, prompt, max_new_tokens, stats=stats)
+    finally:
+        hook.remove()
+    batch = [prompt] if isinstance(prompt[0], int) else prompt
+    greedy = generate(model, batch, max_new_tokens, temperature=0)
+    assert out.tolist() == (greedy[0] if isinstance(prompt[0], int) else greedy).tolist()
+    # Positions of the padded batch (generate_speculative left-pads as generate does): the drafts of the round
+    # after position `last` guess positions last + 2 ..., which greedy decoding wrote at column - prompt length.
+    width = max(len(row) for row in batch)
+    accepted = 0
+    for last, guesses in rounds:
+        start = last + 2 - width
+        truth = greedy[:, start : start + guesses.shape[1]]
+        agreed = (guesses[:, : truth.shape[1]] == truth).long().cumprod(dim=1).sum(dim=1)
+        accepted += int(agreed.min())
+    assert stats.main_forwards == len(forwards)
+    assert stats.drafted == sum(guesses.shape[1] for _, guesses in rounds)
+    assert stats.accepted == accepted
+    return out, stats
+
+
 @pytest.mark.parametrize("family, mtp_layers", CASES)
 @pytest.mark.parametrize("prompt_len, max_new_tokens", [(1, 1), (1, 9), (6, 2), (6, 17)])
 def test_single_prompt_is_plain_greedy(build, family, mtp_layers, prompt_len, max_new_tokens):
@@ -86,12 +124,10 @@ def test_eos_stops_as_plain_greedy_does(build, family, mtp_layers):
 
 
 @pytest.mark.parametrize("family, mtp_layers", CASES)
-def test_right_drafts_are_all_accepted(build, family, mtp_layers):
+def test_right_drafts_are_all_accepted(build, family, mtp_layers, monkeypatch):
     model = copying_model(build, family, mtp_layers)
     prompt = prompts([4], seed=5)[0]
-    stats = SpeculationStats()
-    out = generate_speculative(model, prompt, 19, stats=stats)
-    assert out.tolist() == generate(model, prompt, 19, temperature=0).tolist()
+    _, stats = speculate_observed(model, prompt, 19, monkeypatch)
     assert stats.drafted > 0 and stats.acceptance_rate == 1.0
     # The prefill gives the first token, then each forward D + 1 of the other 18 (the last round fewer).
     assert stats.main_forwards == 1 + -(-18 // (mtp_layers + 1))
@@ -99,18 +135,16 @@ def test_right_drafts_are_all_accepted(build, family, mtp_layers):
 
 
 @pytest.mark.parametrize("family, mtp_layers", [("llama3", 2), ("deepseek_v3", 1)])
-def test_wrong_drafts_cost_forwards_not_tokens(build, family, mtp_layers):
+def test_wrong_drafts_cost_forwards_not_tokens(build, family, mtp_layers, monkeypatch):
     model = copying_model(build, family, mtp_layers, copy=False)
     prompt = prompts([4], seed=5)[0]
-    stats = SpeculationStats()
-    out = generate_speculative(model, prompt, 19, stats=stats)
-    assert out.tolist() == generate(model, prompt, 19, temperature=0).tolist()
+    _, stats = speculate_observed(model, prompt, 19, monkeypatch)
     assert stats.acceptance_rate < 0.5
     assert stats.main_forwards > 1 + -(-18 // (mtp_layers + 1))
 
 
 @pytest.mark.parametrize("family", ["llama3", "deepseek_v3"])
-def test_rows_that_accept_differently_stay_exact(build, family):
+def test_rows_that_accept_differently_stay_exact(build, family, monkeypatch):
     """Modules that copy up to a little noise: some drafts right, others not, not the same in every row."""
     model = copying_model(build, family, 2)
     generator = torch.Generator().manual_seed(0)
@@ -119,9 +153,7 @@ def test_rows_that_accept_differently_stay_exact(build, family):
             weight = module.eh_proj.weight
             weight.add_(0.006 * torch.randn(weight.shape, generator=generator, dtype=weight.dtype))
     batch = prompts([5, 1, 9], seed=1)
-    stats = SpeculationStats()
-    out = generate_speculative(model, batch, 24, stats=stats)
-    assert out.tolist() == generate(model, batch, 24, temperature=0).tolist()
+    _, stats = speculate_observed(model, batch, 24, monkeypatch)
     assert 0.3 < stats.acceptance_rate < 1
 
 
