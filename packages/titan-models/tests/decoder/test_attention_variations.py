@@ -180,7 +180,6 @@ def test_the_model_runs_with_every_variation_and_documents():
 def test_hugging_face_gpt_oss_attention_and_masks_agree(random_case):
     """Hugging Face's own eager_attention_forward (GPT-OSS) over a mask from its own mask functions
     (sliding_window_causal_mask_function and packed_sequence_mask_function) equals every kernel here."""
-    pytest.importorskip("transformers")
     from transformers.masking_utils import and_masks, packed_sequence_mask_function, sliding_window_causal_mask_function
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 

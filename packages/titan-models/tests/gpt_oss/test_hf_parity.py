@@ -14,12 +14,11 @@ import json
 
 import pytest
 import torch
+import transformers  # the reference, titan-models' test extra: missing, this module fails, never skips
+from safetensors.torch import load_file, save_file  # transformers' dependency
 
 from titan_models.decoder import Decoder
 from titan_models.gpt_oss import GptOssHFAdapter
-
-transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402  (transformers' dependency)
 
 SEQ_LEN, BATCH = 24, 2
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,

@@ -6,6 +6,8 @@ over [0.5, 1.5], dt_bias random) so a misplaced gate or a swapped slice of the i
 
 import pytest
 import torch
+import transformers  # the reference, titan-models' test extra: missing, this module fails, never skips
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from titan_models.linear_attention import (
     GatedDeltaNet,
@@ -13,9 +15,6 @@ from titan_models.linear_attention import (
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
-
-transformers = pytest.importorskip("transformers")
-from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E402
 
 TOL = dict(atol=1e-5, rtol=1e-5)  # the rule's outputs and states are O(1)
 

@@ -7,13 +7,13 @@ import importlib
 
 import pytest
 import torch
+import transformers  # the reference, titan-models' test extra: missing, this module fails, never skips
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP, load_balancing_loss_func
 
 from titan_models.moe import MoE, MoEArgs, switch_aux_loss
 
 # The module, not the function the package exports under the same name.
 grouped_mm_module = importlib.import_module("titan_models.moe.grouped_mm")
-transformers = pytest.importorskip("transformers")
-from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP, load_balancing_loss_func  # noqa: E402
 
 DIM, EXPERTS, TOP_K, HIDDEN, LIMIT = 32, 6, 2, 16, 3.0
 GPT_OSS = MoEArgs(
