@@ -230,8 +230,8 @@ def tests(session: nox.Session, package: str) -> None:
     _install(session, *SIBLINGS.get(package, []), *TEST_ONLY_SIBLINGS.get(package, []), package)
     # The slow ones too (inductor compiles on a cold cache, sequences of 4096: about 3 minutes in all); the
     # stress ones (none in the packages today) only in `nox -s slow`.
-    tests = str(ROOT / "packages" / package / "tests")
-    _pytest(session, tests, "-m", "not stress", *_workers(package), env=_cpu_code_env(package))
+    folder = str(ROOT / "packages" / package / "tests")
+    _pytest(session, folder, "-m", "not stress", *_workers(package), env=_cpu_code_env(package))
 
 
 def _install_integration(session: nox.Session) -> None:
