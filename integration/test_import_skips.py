@@ -11,9 +11,9 @@ TEST_SKIP = "import pytest\ndef test_b():\n    pytest.importorskip('titan_no_suc
 
 
 def run(folder, *plugin: str) -> subprocess.CompletedProcess:
-    env_path = {"PYTHONPATH": str(ROOT / "tools")}
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(folder), *plugin]
-    return subprocess.run([*argv, str(folder)], capture_output=True, text=True, env=env_path, cwd=folder)
+    return subprocess.run([*argv, str(folder)], capture_output=True, text=True, cwd=folder,
+                          env={"PYTHONPATH": str(ROOT / "tools")})  # fmt: skip
 
 
 def test_a_skip_for_a_missing_module_fails_the_run_and_names_it(tmp_path):

@@ -65,9 +65,10 @@ def speculate_observed(model, prompt, max_new_tokens: int, monkeypatch) -> tuple
         out = generate_speculative(model, prompt, max_new_tokens, stats=stats)
     finally:
         hook.remove()
-    batch = [prompt] if isinstance(prompt[0], int) else prompt
+    single = isinstance(prompt[0], int)
+    batch = [prompt] if single else prompt
     greedy = generate(model, batch, max_new_tokens, temperature=0)
-    assert out.tolist() == (greedy[0] if isinstance(prompt[0], int) else greedy).tolist()
+    assert out.tolist() == (greedy[0] if single else greedy).tolist()
     # Positions of the padded batch (generate_speculative left-pads as generate does): the drafts of the round
     # after position `last` guess positions last + 2 ..., which greedy decoding wrote at column - prompt length.
     width = max(len(row) for row in batch)
